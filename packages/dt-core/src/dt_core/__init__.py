@@ -1,0 +1,43 @@
+"""dt-core: the shared core of the DTensor plugins.
+
+Plugins are modules named by entry points in the `dt.plugins` group, with hookimpls
+(`dt_core.hookimpl`) returning what they contribute (see `dt_core.hookspecs`). Installing
+a plugin is enough: `import torch` arms them, and they install themselves into DTensor
+and Inductor when those are first imported.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .activation import (  # noqa: E402
+    activate,
+    deactivate,
+    is_active,
+    plugins,
+    register_plugin,
+    unregister_plugin,
+)
+from .contributions import GraphPass, LibraryOps, OpHandler, ShardingStrategy  # noqa: E402
+from .errors import DtPluginError, PluginConflictError, UnsupportedTorchError  # noqa: E402
+from .hookspecs import hookimpl  # noqa: E402
+from .records import PluginInfo  # noqa: E402
+
+__all__ = [
+    "DtPluginError",
+    "GraphPass",
+    "LibraryOps",
+    "OpHandler",
+    "PluginConflictError",
+    "PluginInfo",
+    "ShardingStrategy",
+    "UnsupportedTorchError",
+    "__version__",
+    "activate",
+    "deactivate",
+    "hookimpl",
+    "is_active",
+    "plugins",
+    "register_plugin",
+    "unregister_plugin",
+]

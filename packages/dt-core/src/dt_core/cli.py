@@ -1,0 +1,107 @@
+"""`dt-plugins`: list the installed plugins, or check that they can all work together."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .records import PluginInfo
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _format_list(infos: list[PluginInfo]) -> str:
+    if not infos:
+        return "no dt plugins installed (entry-point group 'dt.plugins')"
+    rows = [["plugin", "distribution", "version", "state", "ops", "passes"]]
+    for info in infos:
+        rows.append(
+            [
+                info.name,
+                info.distribution or "(in-process)",
+                info.version or "-",
+                info.state,
+                str(len(info.ops)),
+                str(len(info.passes)),
+            ]
+        )
+    out = [_table(rows)]
+    for info in infos:
+        if info.reason:
+            out.append(f"{info.name}: {info.reason}")
+        for op in info.ops:
+            out.append(f"{info.name}: op {op}")
+        for name in info.passes:
+            settings = json.dumps(info.pass_settings.get(name, {}), sort_keys=True, default=repr)
+            out.append(f"{info.name}: pass {name} {settings}")
+    return "\n".join(out)
+
+
+def _list(args: argparse.Namespace) -> int:
+    import dt_core
+
+    infos = dt_core.plugins()
+    if args.json:
+        print(json.dumps([info.as_dict() for info in infos], indent=2, default=repr))
+    else:
+        print(_format_list(infos))
+    return 0
+
+
+def check_problems() -> list[str]:
+    """Everything that stops the installed plugins from working, as readable lines."""
+    import dt_core
+    from dt_core import activation, compat
+
+    problems = []
+    version_problem = compat.torch_version_problem()
+    if version_problem:
+        problems.append(version_problem)
+    infos = dt_core.plugins()
+    for info in infos:
+        if info.state == "failed" and not (version_problem and info.reason == version_problem):
+            problems.append(f"plugin {info.name!r} failed: {info.reason}")
+    for claim, first, second in activation.conflicts():
+        problems.append(f"conflict: plugins {first!r} and {second!r} both claim {claim}")
+    return problems
+
+
+def _check(args: argparse.Namespace) -> int:
+    problems = check_problems()
+    import dt_core
+
+    count = len(dt_core.plugins())
+    if problems:
+        for line in problems:
+            print(f"problem: {line}")
+        print(f"dt-plugins check: {len(problems)} problem(s) among {count} plugin(s)")
+        return 1
+    print(f"dt-plugins check: ok ({count} plugin(s), torch in the tested range)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dt-plugins", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    list_parser = commands.add_parser("list", help="table of the installed plugins")
+    list_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    list_parser.set_defaults(run=_list)
+    check_parser = commands.add_parser("check", help="exit non-zero when something is wrong")
+    check_parser.set_defaults(run=_check)
+    args = parser.parse_args(argv)
+    import warnings
+
+    # Failures are reported by the command itself; the import-time warnings repeat them.
+    warnings.filterwarnings("ignore", message="dt-core:", category=RuntimeWarning)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""What a plugin can contribute: plain records, free of torch imports.
+
+Plugins return these from their hookimpls (see `dt_core.hookspecs`). dt-core turns
+them into installed state through `dt_core.compat`, and records what it replaced so
+`deactivate()` can put back the very same objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# Modules whose import arms each kind of contribution under lazy (auto) activation.
+DTENSOR_TRIGGER = "torch.distributed.tensor"
+INDUCTOR_TRIGGER = "torch._inductor.config"
+
+PassStage = Literal["post_grad_pre", "post_grad_post"]
+
+
+@dataclass(frozen=True)
+class OpHandler:
+    """Take over the whole DTensor dispatch of `op` (like torch's own convolution handler).
+
+    `handler(op_call, args, kwargs)` receives DTensor arguments and returns the result.
+    """
+
+    op: Any  # torch._ops.OpOverload
+    handler: Callable[..., object]
+
+
+@dataclass(frozen=True)
+class ShardingStrategy:
+    """A sharding strategy (or propagation rule) for `op` in DTensor's sharding propagator.
+
+    kind="strategy": `func(op_schema) -> OpStrategy` (register_op_strategy);
+    kind="rule": `func(op_schema) -> OutputSharding` (register_sharding_prop_rule);
+    kind="placements": `func(*args, **kwargs) -> [(output placements, input placements)]`
+    for one mesh dim, with tensors replaced by their specs, as torch's public
+    `register_sharding` takes; dt-core expands it over the mesh. This one needs no
+    private torch types, so plugins should prefer it.
+    `schema_info` is a `RuntimeSchemaInfo` or None (derived for kind="placements").
+    """
+
+    op: Any
+    func: Callable[..., object]
+    schema_info: Any = None
+    kind: Literal["strategy", "rule", "placements"] = "strategy"
+
+
+@dataclass(frozen=True)
+class LibraryOps:
+    """torch.library registrations owned by dt-core, so they can be taken out again.
+
+    Installed as soon as activation starts (so ops exist before anyone calls them);
+    dt-core creates `torch.library.Library(namespace, kind)` and calls `define(lib)`,
+    which registers defs/impls/fake kernels on it. `ops` lists the qualified op names
+    (with dispatch key for IMPL, e.g. "symm_mem::fused_all_gather_matmul@CPU") that the
+    plugin claims, for conflict detection and `dt-plugins list`.
+    """
+
+    namespace: str
+    define: Callable[[Any], None]
+    ops: Sequence[str] = ()
+    kind: Literal["DEF", "FRAGMENT", "IMPL"] = "FRAGMENT"
+
+
+@dataclass(frozen=True)
+class GraphPass:
+    """An Inductor post-grad graph pass.
+
+    `fn(graph)` mutates a `torch.fx.Graph`. `settings()` returns the JSON-serialisable
+    settings the pass reads: they go into the pass's cache uuid, as do the source of
+    `fn`'s module, any extra `source_files`, and the rank / world size. `order` sorts
+    passes within a stage (lower first); ties break on the pass identity.
+    """
+
+    name: str
+    fn: Callable[[Any], None]
+    stage: PassStage = "post_grad_post"
+    order: int = 0
+    settings: Callable[[], Mapping[str, Any]] = field(default=dict)
+    source_files: Sequence[str] = ()
