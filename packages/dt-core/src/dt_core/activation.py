@@ -192,8 +192,7 @@ def _conflicts(part: str) -> list[tuple[str, str, str]]:
 
 def _conflict_message(conflicts: Iterable[tuple[str, str, str]]) -> str:
     lines = [
-        f"plugins {first!r} and {second!r} both claim {claim}"
-        for claim, first, second in conflicts
+        f"plugins {first!r} and {second!r} both claim {claim}" for claim, first, second in conflicts
     ]
     hint = f"disable one of them, e.g. {discovery.DISABLE_ENV}=<name>"
     return "; ".join(lines) + f" ({hint})"
@@ -292,8 +291,11 @@ def _install_part_safely(part: str) -> None:
     try:
         _install_part(part)
     except Exception as error:  # noqa: BLE001
-        warnings.warn(f"dt-core: activating plugins for {part} failed: {_describe(error)}",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"dt-core: activating plugins for {part} failed: {_describe(error)}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 # --- public entry points --------------------------------------------------------------------
@@ -362,8 +364,11 @@ def deactivate() -> None:
             record.op_handlers = record.strategies = record.library_ops = None
             record.graph_passes = None
         if errors:
-            warnings.warn("dt-core: deactivate could not undo: " + "; ".join(errors),
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "dt-core: deactivate could not undo: " + "; ".join(errors),
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def is_active() -> bool:
