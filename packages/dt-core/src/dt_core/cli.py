@@ -103,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Failures are reported by the command itself; the import-time warnings repeat them.
     warnings.filterwarnings("ignore", message="dt-core:", category=RuntimeWarning)
+    import torch  # noqa: F401 - show plugins as a user's `import torch` leaves them
+
     return args.run(args)
 
 

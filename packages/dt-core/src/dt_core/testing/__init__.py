@@ -1,0 +1,25 @@
+"""Multi-rank test harness: run test bodies on N CPU ranks over a real gloo process group.
+
+Use the pytest plugin (`@pytest.mark.ranks(n)`, the `dist_world` fixture) or call
+`get_world(n).run(fn)` / `run_on_ranks(fn)` directly; `cpu_mesh` builds meshes on the ranks.
+"""
+
+from dt_core.testing.mesh import cpu_mesh
+from dt_core.testing.world import (
+    RankError,
+    RankFailure,
+    World,
+    get_world,
+    run_on_ranks,
+    shutdown_worlds,
+)
+
+__all__ = [
+    "RankError",
+    "RankFailure",
+    "World",
+    "cpu_mesh",
+    "get_world",
+    "run_on_ranks",
+    "shutdown_worlds",
+]

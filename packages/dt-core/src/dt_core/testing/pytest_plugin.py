@@ -1,0 +1,100 @@
+"""pytest plugin for multi-rank tests: the `ranks(n)` marker and the `dist_world` fixture.
+
+pytest loads this in every run wherever dt-core is installed, so it must stay cheap to
+import: the harness (and torch) are imported only when a test asks for ranks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from dt_core.testing.world import World
+
+_MARKER_HELP = (
+    "ranks(n, timeout=None): run the test body on each of n ranks (spawned CPU processes in a "
+    "gloo process group, shared between tests); parametrize arguments and picklable fixture "
+    "values are passed along; timeout in seconds defaults to $DT_TEST_RANK_TIMEOUT or 120."
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", _MARKER_HELP)
+
+
+@pytest.fixture
+def dist_world(request: pytest.FixtureRequest) -> Callable[[int], World]:
+    """Factory: `dist_world(n)` is this process's shared World of n ranks."""
+    from dt_core.testing.world import get_world
+
+    _ship_by_value(request.module)
+    return get_world
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run tests marked `ranks(n)` on the ranks instead of in this process."""
+    marker = pyfuncitem.get_closest_marker("ranks")
+    if marker is None:
+        return None
+    world_size, timeout = _ranks_args(*marker.args, **marker.kwargs)
+    from dt_core.testing.world import RankFailure, get_world
+
+    _ship_by_value(pyfuncitem.module)
+    fn = pyfuncitem.obj
+    params = inspect.signature(fn).parameters
+    kwargs = {name: value for name, value in pyfuncitem.funcargs.items() if name in params}
+    for name, value in kwargs.items():
+        if problem := _pickling_problem(value):
+            pytest.fail(f"argument {name!r} cannot be sent to the ranks: {problem}", pytrace=False)
+    try:
+        get_world(world_size).run(fn, timeout=timeout, **kwargs)
+    except RankFailure as failure:
+        outcome = failure
+    else:
+        return True
+    # Reported outside the except block, so pytest doesn't repeat it as a chained exception.
+    errors = list(outcome.errors.values())
+    if len(errors) == world_size and all(err.type_name == "Skipped" for err in errors):
+        pytest.skip(errors[0].message)  # every rank skipped, so the test is skipped
+    pytest.fail(str(outcome), pytrace=False)
+
+
+def _ranks_args(world_size: int, timeout: float | None = None) -> tuple[int, float | None]:
+    return world_size, timeout
+
+
+def _pickling_problem(value: Any) -> str | None:
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - any pickling error means it can't be sent
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _ship_by_value(module: ModuleType | None) -> None:
+    """Pickle the test module's functions by value: under some import modes or rootdirs
+    a rank could not import the module by name."""
+    if module is None:
+        return
+    import cloudpickle
+
+    try:
+        cloudpickle.register_pickle_by_value(module)
+    except ValueError:  # not in sys.modules: cloudpickle ships its functions by value anyway
+        pass
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the shared worlds; only if a test started one (don't import the harness)."""
+    world = sys.modules.get("dt_core.testing.world")
+    if world is not None:
+        world.shutdown_worlds()

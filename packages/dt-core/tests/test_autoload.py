@@ -1,0 +1,207 @@
+"""Auto-registration through `import torch`, in fresh interpreters.
+
+Each test runs a small script in a new Python process, because autoload happens once,
+during `import torch`. The sample plugin (tests/sample_plugin) is installed in this
+environment; broken and conflicting plugins are made on the fly as distributions on
+PYTHONPATH (a dist-info folder with entry_points.txt is all importlib.metadata needs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+CHECK_SAMPLE_ACTIVE = """
+import sys, torch
+import dt_core
+info = {p.name: p for p in dt_core.plugins()}
+print("STATE", info["sample"].state)
+print("DTENSOR_IMPORTED", "torch.distributed.tensor" in sys.modules)
+print("OP", torch.ops.dt_sample.scale(torch.ones(2), 3.0).tolist())
+import torch.distributed.tensor._dispatch as dispatch
+from torch.distributed.tensor import DTensor
+handler = DTensor._op_dispatcher._custom_op_handlers[torch.ops.aten.is_same_size.default]
+print("HANDLER", handler.__module__ + "." + handler.__name__)
+"""
+
+
+def make_plugin_dist(site: Path, name: str, module_source: str) -> None:
+    """A minimal installed distribution `dt-test-<name>` whose plugin module is given."""
+    module = f"dt_test_{name}"
+    (site / f"{module}.py").write_text(textwrap.dedent(module_source))
+    info = site / f"dt_test_{name}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: dt-test-{name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[dt.plugins]\n{name} = {module}\n")
+
+
+def run_python(
+    script: str, site: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DT_PLUGINS_")}
+    full_env.update(env)
+    if site is not None:
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            [str(site), *filter(None, [full_env.get("PYTHONPATH")])]
+        )
+    return subprocess.run(
+        [sys.executable, "-W", "default", "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
+
+
+def lines(result: subprocess.CompletedProcess[str], key: str) -> list[str]:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith(key)]
+
+
+BROKEN = """
+raise ImportError("the broken plugin cannot import its kernels")
+"""
+
+CONFLICTING = """
+import dt_core
+
+def _other(op, args, kwargs):
+    return False
+
+@dt_core.hookimpl
+def dt_op_handlers():
+    import torch
+    return [dt_core.OpHandler(torch.ops.aten.is_same_size.default, _other)]
+"""
+
+
+def test_import_torch_arms_plugins_lazily_and_dtensor_import_installs_them() -> None:
+    result = run_python(CHECK_SAMPLE_ACTIVE)
+    assert lines(result, "STATE") == ["active"]
+    assert lines(result, "DTENSOR_IMPORTED") == ["False"]  # plugins() did not import it
+    assert lines(result, "OP") == ["[3.0, 3.0]"]  # library op defined at import torch
+    assert lines(result, "HANDLER") == ["dt_sample_plugin.plugin._is_same_size"]
+
+
+def test_autoload_off_installs_nothing_until_activate() -> None:
+    script = """
+    import torch, torch.distributed.tensor as t
+    from torch.distributed.tensor import DTensor
+    import dt_core
+    table = DTensor._op_dispatcher._custom_op_handlers
+    op = torch.ops.aten.is_same_size.default
+    print("BEFORE", table[op] is t._dispatch.is_same_size_handler, hasattr(torch.ops.dt_sample, "scale"))
+    dt_core.activate()
+    print("AFTER", table[op].__module__, torch.ops.dt_sample.scale(torch.ones(1), 2.0).item())
+    """
+    result = run_python(script, DT_PLUGINS_AUTOLOAD="0")
+    assert lines(result, "BEFORE") == ["True False"]
+    assert lines(result, "AFTER") == ["dt_sample_plugin.plugin 2.0"]
+
+
+def test_disable_env_var_disables_named_plugin() -> None:
+    script = """
+    import torch, torch.distributed.tensor as t
+    import dt_core
+    from torch.distributed.tensor import DTensor
+    info = {p.name: p for p in dt_core.plugins()}
+    handler = DTensor._op_dispatcher._custom_op_handlers[torch.ops.aten.is_same_size.default]
+    print("STATE", info["sample"].state, handler is t._dispatch.is_same_size_handler)
+    """
+    result = run_python(script, DT_PLUGINS_DISABLE="other,sample")
+    assert lines(result, "STATE") == ["disabled True"]
+
+
+def test_broken_plugin_warns_once_and_others_still_work(tmp_path: Path) -> None:
+    make_plugin_dist(tmp_path, "broken", BROKEN)
+    result = run_python(CHECK_SAMPLE_ACTIVE + "\nprint('BROKEN', info['broken'].state)", tmp_path)
+    assert lines(result, "STATE") == ["active"]
+    assert lines(result, "BROKEN") == ["failed"]
+    assert lines(result, "HANDLER") == ["dt_sample_plugin.plugin._is_same_size"]
+    warnings = [line for line in result.stderr.splitlines() if "RuntimeWarning" in line]
+    assert len(warnings) == 1, result.stderr
+    assert "'broken'" in warnings[0]
+    assert "the broken plugin cannot import its kernels" in warnings[0]
+
+
+def test_conflict_under_autoload_fails_both_plugins_with_a_warning(tmp_path: Path) -> None:
+    make_plugin_dist(tmp_path, "rival", CONFLICTING)
+    script = """
+    import torch, torch.distributed.tensor as t
+    import dt_core
+    from torch.distributed.tensor import DTensor
+    handler = DTensor._op_dispatcher._custom_op_handlers[torch.ops.aten.is_same_size.default]
+    print("TORCH_HANDLER", handler is t._dispatch.is_same_size_handler)
+    for p in dt_core.plugins():
+        print("STATE", p.name, p.state)
+    """
+    result = run_python(script, tmp_path)
+    assert lines(result, "TORCH_HANDLER") == ["True"]
+    assert sorted(lines(result, "STATE")) == ["rival failed", "sample failed"]
+    assert "both claim aten.is_same_size.default" in result.stderr
+    assert "'sample'" in result.stderr and "'rival'" in result.stderr
+
+
+def test_conflict_on_explicit_activate_raises_naming_both(tmp_path: Path) -> None:
+    make_plugin_dist(tmp_path, "rival", CONFLICTING)
+    script = """
+    import torch
+    import dt_core
+    try:
+        dt_core.activate()
+    except dt_core.PluginConflictError as error:
+        print("ERROR", error)
+    print("OP_LEFT", hasattr(torch.ops.dt_sample, "scale"))
+    """
+    result = run_python(script, tmp_path, DT_PLUGINS_AUTOLOAD="0")
+    (error,) = lines(result, "ERROR")
+    assert "'sample'" in error and "'rival'" in error and "aten.is_same_size.default" in error
+    assert lines(result, "OP_LEFT") == ["False"]  # nothing stays installed after the error
+    # Disabling one of them resolves it.
+    result = run_python(script, tmp_path, DT_PLUGINS_AUTOLOAD="0", DT_PLUGINS_DISABLE="rival")
+    assert lines(result, "ERROR") == []
+    assert lines(result, "OP_LEFT") == ["True"]
+
+
+def test_cli_list_json_and_check(tmp_path: Path) -> None:
+    listing = run_python("from dt_core.cli import main; main(['list', '--json'])")
+    assert listing.returncode == 0, listing.stderr
+    (sample,) = [p for p in json.loads(listing.stdout) if p["name"] == "sample"]
+    assert sample["distribution"] == "dt-sample-plugin"
+    assert sample["state"] == "active"
+    assert "aten.is_same_size.default" in sample["ops"]
+    assert sample["passes"] == ["sample:count_nodes"]
+    assert sample["pass_settings"] == {"sample:count_nodes": {"mode": "count"}}
+
+    table = run_python("from dt_core.cli import main; main(['list'])")
+    assert "dt-sample-plugin" in table.stdout and "active" in table.stdout
+
+    check = "import sys; from dt_core.cli import main; sys.exit(main(['check']))"
+    assert run_python(check).returncode == 0
+    make_plugin_dist(tmp_path, "broken", BROKEN)
+    failed = run_python(check, tmp_path)
+    assert failed.returncode == 1
+    assert "plugin 'broken' failed" in failed.stdout
+    assert "the broken plugin cannot import its kernels" in failed.stdout
+
+
+@pytest.mark.parametrize("version", ["2.12.1", "2.14.0", "3.0.0"])
+def test_untested_torch_is_refused_with_the_range(version: str) -> None:
+    from dt_core import compat
+
+    problem = compat.torch_version_problem(version)
+    assert problem is not None
+    assert version in problem and "2.13.0" in problem and compat.ALLOW_UNTESTED_ENV in problem
+
+
+@pytest.mark.parametrize("version", ["2.13.0", "2.13.0+cpu", "2.13.1", "2.13.0a0+git123"])
+def test_tested_torch_range_is_accepted(version: str) -> None:
+    from dt_core import compat
+
+    assert compat.torch_version_problem(version) is None

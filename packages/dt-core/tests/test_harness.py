@@ -1,0 +1,241 @@
+"""Tests of the multi-rank harness: shared worlds, the `ranks` marker, failure reports.
+
+In-process tests share the 2- and 4-rank worlds; failure and xdist behaviour is checked in
+a few inner pytest runs (pytester, subprocess), as that is where the report must show.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+from dt_core.testing import RankFailure, cpu_mesh, run_on_ranks
+
+
+def _rank_values(rank: int) -> torch.Tensor:
+    return torch.arange(5, dtype=torch.float64) * (rank + 1) + rank
+
+
+def _all_reduce_rank_values() -> tuple[int, torch.Tensor]:
+    t = _rank_values(dist.get_rank())
+    dist.all_reduce(t)
+    return dist.get_rank(), t
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_all_reduce_sums_over_ranks(dist_world, n):
+    results = dist_world(n).run(_all_reduce_rank_values)
+    expected = torch.stack([_rank_values(r) for r in range(n)]).sum(0)
+    assert [rank for rank, _ in results] == list(range(n))
+    for _, total in results:
+        torch.testing.assert_close(total, expected)
+
+
+def test_world_is_reused_between_runs(dist_world):
+    world = dist_world(2)
+    pids = world.run(os.getpid)
+    assert pids == world.pids
+    assert os.getpid() not in pids
+    assert dist_world(2) is world
+    assert run_on_ranks(os.getpid, world_size=2) == pids
+
+
+def test_args_kwargs_and_rank_state(dist_world):
+    def body(base, *, scale):
+        return base + scale * dist.get_rank(), torch.get_num_threads()
+
+    assert dist_world(2).run(body, 10, scale=3) == [(10, 1), (13, 1)]
+
+
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+def test_marker_runs_body_on_every_rank(scale, tmp_path):
+    assert dist.is_initialized() and dist.get_world_size() == 2
+    rank = dist.get_rank()
+    (tmp_path / f"rank{rank}").write_text(str(scale))
+    t = torch.full((3,), scale * (rank + 1))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((3,), scale * 3))
+    dist.barrier()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+
+
+def _distribute_round_trip() -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = cpu_mesh((2, 2), ("dp", "tp"))
+    assert cpu_mesh((2, 2), ("dp", "tp")) is mesh
+    assert mesh.shape == (2, 2)
+    torch.manual_seed(0)
+    full = torch.randn(4, 6)
+    dtensor = distribute_tensor(full, mesh, [Shard(0), Shard(1)])
+    local_shape = tuple(dtensor.to_local().shape)
+    return dtensor.full_tensor(), (dtensor * 2 + 1).full_tensor(), local_shape
+
+
+def test_cpu_mesh_2x2_dtensor(dist_world):
+    torch.manual_seed(0)
+    full = torch.randn(4, 6)
+    for gathered, computed, local_shape in dist_world(4).run(_distribute_round_trip):
+        assert local_shape == (2, 3)
+        torch.testing.assert_close(gathered, full)
+        torch.testing.assert_close(computed, full * 2 + 1)
+
+
+def test_rank_errors_are_reported_and_world_kept(dist_world):
+    world = dist_world(2)
+
+    def raise_on_rank_1():
+        if dist.get_rank() == 1:
+            raise ValueError("bad value on rank 1")
+        return "fine"
+
+    with pytest.raises(RankFailure) as info:
+        world.run(raise_on_rank_1)
+    report = str(info.value)
+    assert "rank 1: ValueError: bad value on rank 1" in report
+    assert "in raise_on_rank_1" in report
+    assert "rank 0" not in report
+    assert info.value.errors.keys() == {1}
+    assert not isinstance(info.value, AssertionError)
+    assert str(pickle.loads(pickle.dumps(info.value))) == report
+
+    with pytest.raises(RankFailure, match="rank 0: TypeError: result could not be pickled"):
+        world.run(threading.Lock)
+    # Every rank answered, so the world is still usable as it was.
+    assert world.alive and dist_world(2) is world
+    assert world.run(dist.get_rank) == [0, 1]
+
+
+def test_plugin_import_does_not_import_torch():
+    code = "import sys, dt_core.testing.pytest_plugin; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# --- inner pytest runs: what a failing, stuck, dying or parallel test looks like ----------
+
+FAILING_TESTS = """
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+PIDS = []
+
+
+def _all_reduce_ones():
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def test_start(dist_world):
+    PIDS.append(dist_world(2).pids)
+
+
+@pytest.mark.ranks(2)
+def test_rank1_asserts():
+    value = 10 * dist.get_rank()
+    assert value == 0, f"rank-local value is {value}"
+
+
+def test_world_kept_after_assertion(dist_world):
+    assert dist_world(2).pids == PIDS[-1]
+
+
+@pytest.mark.ranks(2, timeout=5)
+def test_rank1_stuck():
+    if dist.get_rank() == 1:
+        time.sleep(600)
+
+
+def test_fresh_world_after_stuck(dist_world):
+    world = dist_world(2)
+    assert world.pids != PIDS[-1]
+    PIDS.append(world.pids)
+    assert world.run(_all_reduce_ones) == [[2.0, 2.0]] * 2
+
+
+@pytest.mark.ranks(2)
+def test_rank1_dies():
+    if dist.get_rank() == 1:
+        os._exit(3)
+
+
+def test_fresh_world_after_death(dist_world):
+    world = dist_world(2)
+    assert world.pids != PIDS[-1]
+    assert world.run(_all_reduce_ones) == [[2.0, 2.0]] * 2
+
+
+@pytest.mark.ranks(2)
+def test_skipped_on_every_rank():
+    pytest.skip("not on this backend")
+"""
+
+
+def _report_sections(output: str) -> dict[str, str]:
+    """pytest's failure report split into {test name: its section}."""
+    parts = re.split(r"^_{3,} (\S+) _{3,}$", output, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_failures_are_reported_and_bounded(pytester):
+    pytester.makepyfile(test_failing=FAILING_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    output = result.stdout.str()
+    result.assert_outcomes(passed=4, failed=3, skipped=1)
+    assert result.duration < 60, "a stuck rank must fail within its timeout, not hang"
+    assert "During handling" not in output  # the report is not repeated as a chained error
+    sections = _report_sections(output)
+    assert set(sections) == {"test_rank1_asserts", "test_rank1_stuck", "test_rank1_dies"}
+
+    asserts = sections["test_rank1_asserts"]
+    assert "rank 1: AssertionError: rank-local value is 10" in asserts
+    assert "assert 10 == 0" in asserts  # pytest's assertion rewriting reached the rank
+    assert re.search(r'test_failing\.py", line \d+, in test_rank1_asserts', asserts)
+    assert "rank 0:" not in asserts
+
+    stuck = sections["test_rank1_stuck"]
+    assert "rank 1: stuck, no answer within 5 s" in stuck
+    assert "rank 0:" not in stuck
+
+    assert "rank 1: died with exit code 3" in sections["test_rank1_dies"]
+
+
+PARALLEL_TESTS = """
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.mark.ranks(2)
+def test_marker():
+    t = torch.tensor([dist.get_rank() + 1])
+    dist.all_reduce(t)
+    assert t.item() == 3
+
+
+def test_fixture(dist_world):
+    assert dist_world(2).run(dist.get_rank) == [0, 1]
+"""
+
+
+def test_runs_under_xdist(pytester):
+    pytester.makepyfile(test_par_a=PARALLEL_TESTS, test_par_b=PARALLEL_TESTS)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", "-v"
+    )
+    result.assert_outcomes(passed=4)
+    output = result.stdout.str()
+    assert "[gw0]" in output and "[gw1]" in output  # two workers, each with its own world
