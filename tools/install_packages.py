@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "tools" / "constraints.txt"
@@ -29,7 +30,9 @@ def package_path(name: str) -> Path:
 def expand(names: list[str]) -> list[str]:
     if "all" in names:
         names = [n for n in names if n != "all"]
-        names += sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists())
+        names += sorted(
+            p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists()
+        )
     return list(dict.fromkeys(names))
 
 

@@ -96,7 +96,8 @@ def test_autoload_off_installs_nothing_until_activate() -> None:
     import dt_core
     table = DTensor._op_dispatcher._custom_op_handlers
     op = torch.ops.aten.is_same_size.default
-    print("BEFORE", table[op] is t._dispatch.is_same_size_handler, hasattr(torch.ops.dt_sample, "scale"))
+    print("BEFORE", table[op] is t._dispatch.is_same_size_handler,
+          hasattr(torch.ops.dt_sample, "scale"))
     dt_core.activate()
     print("AFTER", table[op].__module__, torch.ops.dt_sample.scale(torch.ones(1), 2.0).item())
     """

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 if TYPE_CHECKING:
+    from multiprocessing.context import SpawnProcess
+
     from typing_extensions import Self
 
 TIMEOUT_ENV = "DT_TEST_RANK_TIMEOUT"
@@ -111,7 +113,7 @@ class World:
         timeout = default_timeout() if startup_timeout is None else startup_timeout
         ctx = mp.get_context("spawn")
         self._conns: list[Connection] = []
-        self._procs: list[Any] = []
+        self._procs: list[SpawnProcess] = []
         try:
             for rank in range(world_size):
                 ours, theirs = ctx.Pipe()
@@ -125,7 +127,7 @@ class World:
                 theirs.close()
             self._collect(timeout, "joining the process group")
         except BaseException:
-            self.close(wait=0)
+            self.close(grace=0)
             raise
 
     @property
@@ -163,7 +165,7 @@ class World:
             raise
         except BaseException:
             # Interrupted (Ctrl-C, pytest-timeout) with ranks busy: they can't be reused.
-            self.close(wait=0)
+            self.close(grace=0)
             raise
 
     def _collect(self, timeout: float, doing: str) -> list[Any]:
@@ -198,7 +200,7 @@ class World:
                 stuck_reason = f"no answer within {ERROR_GRACE_S:g} s after another rank failed"
         stuck = sorted(pending)
         if stuck or dead or not group_intact or not all(p.is_alive() for p in self._procs):
-            self.close(wait=0)
+            self.close(grace=0)
         if errors or dead or stuck:
             raise RankFailure(self.world_size, errors, dead, stuck, stuck_reason)
         return results
@@ -232,14 +234,14 @@ class World:
             return f"died, killed by signal {signal.Signals(-code).name}"
         return f"died with exit code {code}"
 
-    def close(self, wait: float = 2.0) -> None:
-        """Stop the ranks: they exit on EOF; stragglers after `wait` s are terminated."""
+    def close(self, grace: float = 2.0) -> None:
+        """Stop the ranks: they exit on EOF; stragglers after `grace` s are terminated."""
         if self._closed:
             return
         self._closed = True
         for conn in self._conns:
             conn.close()
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + grace
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         for proc in self._procs:
@@ -273,7 +275,7 @@ def get_world(world_size: int) -> World:
     world = _worlds.get(world_size)
     if world is None or not world.alive:
         if world is not None:
-            world.close(wait=0)
+            world.close(grace=0)
         world = _worlds[world_size] = World(world_size)
     return world
 

@@ -1,0 +1,170 @@
+"""Activation and deactivation in this process, with in-process plugins.
+
+The sample plugin is installed in this environment and autoloaded; each test starts
+from a deactivated core (fixture `core`) and leaves it deactivated with its own
+plugins unregistered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import dt_core
+import pytest
+import torch
+import torch.distributed.tensor  # noqa: F401 - the handler tables live here
+from dt_core import compat
+
+IS_SAME_SIZE = torch.ops.aten.is_same_size.default
+CONV = torch.ops.aten.convolution.default
+
+
+def _handler(op_call, args, kwargs):  # pragma: no cover - never dispatched here
+    return None
+
+
+def _strategy(op_schema):  # pragma: no cover
+    return None
+
+
+@pytest.fixture
+def core(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """A deactivated core; names registered through the yielded list are cleaned up."""
+    monkeypatch.delenv("DT_PLUGINS_DISABLE", raising=False)
+    dt_core.deactivate()
+    names: list[str] = []
+    yield names
+    dt_core.deactivate()
+    for name in names:
+        dt_core.unregister_plugin(name)
+
+
+def plugin(**hooks) -> SimpleNamespace:
+    return SimpleNamespace(**{name: dt_core.hookimpl(fn) for name, fn in hooks.items()})
+
+
+def test_deactivate_restores_torchs_own_handlers_as_the_same_objects(core) -> None:
+    table = compat.op_handler_table()
+    before = dict(table)
+    propagator_funcs = dict(
+        torch.distributed.tensor.DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+    )
+    dt_core.register_plugin(
+        plugin(
+            dt_op_handlers=lambda: [dt_core.OpHandler(CONV, _handler)],
+            dt_sharding_strategies=lambda: [
+                dt_core.ShardingStrategy(torch.ops.aten.mm.default, _strategy)
+            ],
+        ),
+        "replacer",
+    )
+    core.append("replacer")
+    dt_core.activate()
+    assert table[CONV] is _handler
+    funcs = torch.distributed.tensor.DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+    assert funcs[torch.ops.aten.mm.default] is _strategy
+    dt_core.deactivate()
+    assert table.keys() == before.keys()
+    assert all(table[op] is before[op] for op in before)  # identical objects, torch's own
+    assert funcs[torch.ops.aten.mm.default] is propagator_funcs[torch.ops.aten.mm.default]
+
+
+def test_plugin_state_transitions_and_info(core) -> None:
+    dt_core.register_plugin(plugin(dt_op_handlers=lambda: [dt_core.OpHandler(CONV, _handler)]), "a")
+    core.append("a")
+    infos = {p.name: p for p in dt_core.activate()}
+    assert infos["a"].state == "active"
+    assert infos["a"].distribution is None
+    assert infos["a"].ops == (str(CONV),)
+    dt_core.deactivate()
+    assert {p.name: p.state for p in dt_core.plugins()}["a"] == "inactive"
+
+
+def test_conflict_raises_and_leaves_everything_untouched(core) -> None:
+    table = compat.op_handler_table()
+    before = dict(table)
+    for name in ("first", "second"):
+        dt_core.register_plugin(
+            plugin(dt_op_handlers=lambda: [dt_core.OpHandler(IS_SAME_SIZE, _handler)]), name
+        )
+        core.append(name)
+    with pytest.raises(dt_core.PluginConflictError) as info:
+        dt_core.activate()
+    message = str(info.value)
+    assert "'first'" in message and "'second'" in message and str(IS_SAME_SIZE) in message
+    assert not dt_core.is_active()
+    assert all(table[op] is before[op] for op in before) and table.keys() == before.keys()
+
+
+def test_disabling_one_side_of_a_conflict_resolves_it(core, monkeypatch) -> None:
+    for name in ("first", "second"):
+        dt_core.register_plugin(
+            plugin(dt_op_handlers=lambda: [dt_core.OpHandler(CONV, _handler)]), name
+        )
+        core.append(name)
+    monkeypatch.setenv("DT_PLUGINS_DISABLE", "second,sample")
+    dt_core.unregister_plugin("second")  # re-discover with the new environment
+    dt_core.register_plugin(
+        plugin(dt_op_handlers=lambda: [dt_core.OpHandler(CONV, _handler)]), "second"
+    )
+    states = {p.name: p.state for p in dt_core.activate()}
+    assert states["first"] == "active" and states["second"] == "disabled"
+    assert compat.op_handler_table()[CONV] is _handler
+
+
+def test_a_raising_hook_fails_only_its_plugin(core, recwarn) -> None:
+    def broken():
+        raise ValueError("no handlers today")
+
+    dt_core.register_plugin(plugin(dt_op_handlers=broken), "broken")
+    dt_core.register_plugin(
+        plugin(dt_op_handlers=lambda: [dt_core.OpHandler(CONV, _handler)]), "ok"
+    )
+    core.extend(["broken", "ok"])
+    infos = {p.name: p for p in dt_core.activate()}
+    assert infos["broken"].state == "failed"
+    assert "no handlers today" in infos["broken"].reason
+    assert infos["ok"].state == "active"
+    messages = [str(w.message) for w in recwarn if "dt-core" in str(w.message)]
+    assert len(messages) == 1 and "'broken'" in messages[0]
+
+
+def test_user_passes_stay_in_place_and_keep_running(core) -> None:
+    import torch._inductor.config as config
+
+    seen: list[str] = []
+
+    def user_pass(graph) -> None:
+        seen.append("user")
+
+    dt_core.register_plugin(
+        plugin(
+            dt_graph_passes=lambda: [dt_core.GraphPass("mine", lambda graph: seen.append("plugin"))]
+        ),
+        "passer",
+    )
+    core.append("passer")
+    config.post_grad_custom_post_pass = user_pass
+    try:
+        dt_core.activate()
+        installed = compat.installed_graph_passes("post_grad_post")
+        assert installed[0] is user_pass and len(installed) >= 2
+        # A later assignment by the user keeps the plugins' passes after the user's.
+        config.post_grad_custom_post_pass = [user_pass, user_pass]
+        installed = compat.installed_graph_passes("post_grad_post")
+        assert installed[:2] == (user_pass, user_pass) and len(installed) >= 3
+        assert any(repr(p) == "<dt pass passer:mine>" for p in installed)
+        dt_core.deactivate()
+        assert config.post_grad_custom_post_pass == [user_pass, user_pass]
+    finally:
+        config.post_grad_custom_post_pass = None
+
+
+def test_reactivation_after_deactivate_installs_again(core) -> None:
+    dt_core.activate()
+    assert torch.ops.dt_sample.scale(torch.ones(1), 4.0).item() == 4.0
+    dt_core.deactivate()
+    assert not hasattr(torch.ops.dt_sample, "scale")
+    dt_core.activate()
+    assert torch.ops.dt_sample.scale(torch.ones(1), 5.0).item() == 5.0
