@@ -71,10 +71,10 @@ def _ranks_args(world_size: int, timeout: float | None = None) -> tuple[int, flo
 
 
 def _pickling_problem(value: Any) -> str | None:
-    import cloudpickle
+    from dt_core.testing import pickling
 
     try:
-        cloudpickle.dumps(value)
+        pickling.dumps(value)
     except Exception as exc:  # noqa: BLE001 - any pickling error means it can't be sent
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from dt_core.testing import pickling
+
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnProcess
 
@@ -155,7 +157,7 @@ class World:
         """
         if self._closed:
             raise RuntimeError("this World is closed; use get_world() for a fresh one")
-        payload = cloudpickle.dumps((list(sys.path), fn, args, kwargs))
+        payload = pickling.dumps((list(sys.path), fn, args, kwargs))
         try:
             for conn in self._conns:
                 with contextlib.suppress(OSError):  # a dead rank is reported by _collect
@@ -356,14 +358,14 @@ def _rank_error(exc: BaseException, *, in_task: bool = False) -> RankError:
 
 def _reply(conn: Connection, status: str, value: Any, group_intact: bool) -> None:
     try:
-        data = cloudpickle.dumps((status, value, group_intact))
+        data = pickling.dumps((status, value, group_intact))
     except Exception as exc:  # noqa: BLE001 - an unpicklable result fails the run, not the rank
         error = RankError(
             type(exc).__name__,
             f"result could not be pickled: {exc}",
             traceback.format_exc(),
         )
-        data = cloudpickle.dumps(("error", error, group_intact))
+        data = pickling.dumps(("error", error, group_intact))
     try:
         conn.send_bytes(data)
     except OSError:
