@@ -1,0 +1,122 @@
+"""DTensor handler for `aten.convolution_backward.default`, the adjoint of `forward`.
+
+grad_input: local input-gradient over the halo window, sent back to the row owners and
+summed (reverse halo exchange). grad_weight / grad_bias: local contributions summed over
+the mesh dims that split the input. Only gradients in `output_mask` are computed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate
+
+from .fallback import replicated, target_placements, warn_fallback
+from .halo import gather_window, scatter_add_window
+from .plan import ConvPlan, make_plan
+from .wrap import as_dtensor, bind, like_param, replicated_local, summed
+
+aten = torch.ops.aten
+
+
+def _window_shape(plan: ConvPlan, local: torch.Tensor) -> list[int]:
+    shape = list(local.shape)
+    for s in plan.splits:
+        lo, hi = s.needed(plan.mesh.get_local_rank(s.mesh_dim))
+        shape[s.dim] = hi - lo
+    return shape
+
+
+def convolution_backward_handler(
+    op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
+) -> object:
+    """Exact gradients for the layouts `forward` supports; replicated fallback else."""
+    (
+        grad_out,
+        x,
+        weight,
+        bias_sizes,
+        stride,
+        padding,
+        dilation,
+        transposed,
+        out_pad,
+        groups,
+        mask,
+    ) = bind(op_call, args, kwargs)
+    plan = make_plan(x, weight.shape, stride, padding, dilation, transposed)
+    with torch.no_grad():
+        if isinstance(plan, str):
+            warn_fallback("convolution_backward", plan)
+            return _fallback(
+                op_call,
+                grad_out,
+                x,
+                weight,
+                bias_sizes,
+                [stride, padding, dilation, transposed, out_pad, groups, mask],
+            )
+        mesh = plan.mesh
+        g = grad_out.redistribute(mesh, plan.placements).to_local()
+        w = replicated_local(weight)
+        xl = x.to_local()
+        if mask[1]:
+            window = xl
+            for split in plan.splits:
+                window = gather_window(window, split, mesh)
+        else:  # grad_input reads only the input's shape
+            window = xl.new_zeros(_window_shape(plan, xl))
+        if window.numel() == 0 or g.numel() == 0:
+            gi = window.new_zeros(window.shape) if mask[0] else None
+            gw = w.new_zeros(w.shape) if mask[1] else None
+            gb = g.new_zeros(bias_sizes) if mask[2] else None
+        else:
+            nspatial = len(plan.stride)
+            gi, gw, gb = aten.convolution_backward(
+                g,
+                window,
+                w,
+                bias_sizes,
+                plan.stride,
+                plan.local_padding,
+                plan.dilation,
+                False,
+                [0] * nspatial,
+                groups,
+                mask,
+            )
+        grad_input = grad_weight = grad_bias = None
+        if mask[0]:
+            for split in reversed(plan.splits):
+                gi = scatter_add_window(gi, split, mesh)
+            grad_input = as_dtensor(gi, mesh, plan.placements, x.shape)
+        if mask[1]:
+            grad_weight = like_param(summed(gw, mesh, plan.reduce_mesh_dims), mesh, weight)
+        if mask[2]:
+            full = summed(gb, mesh, plan.reduce_mesh_dims)
+            grad_bias = as_dtensor(full, mesh, [Replicate()] * mesh.ndim, full.shape)
+        return grad_input, grad_weight, grad_bias
+
+
+def _fallback(
+    op_call: torch._ops.OpOverload,
+    grad_out: object,
+    x: object,
+    weight: object,
+    bias_sizes: object,
+    rest: list,
+) -> object:
+    mesh = next(t for t in (grad_out, x, weight) if isinstance(t, DTensor)).device_mesh
+    local = [
+        replicated(t).to_local() if isinstance(t, DTensor) else t for t in (grad_out, x, weight)
+    ]
+    gi, gw, gb = op_call(*local, bias_sizes, *rest)
+    rep = [Replicate()] * mesh.ndim
+    if gi is not None:
+        gi = as_dtensor(gi, mesh, rep, gi.shape)
+        if isinstance(x, DTensor) and x.device_mesh == mesh:
+            gi = gi.redistribute(mesh, target_placements(tuple(x.placements)))
+    if gw is not None:
+        gw = like_param(gw, mesh, weight)
+    if gb is not None:
+        gb = as_dtensor(gb, mesh, rep, gb.shape)
+    return gi, gw, gb

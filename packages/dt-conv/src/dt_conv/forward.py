@@ -1,0 +1,70 @@
+"""DTensor handler for `aten.convolution.default`: halo exchange, then a local conv."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate
+
+from .fallback import replicated, target_placements, warn_fallback
+from .halo import gather_window
+from .plan import ConvPlan, make_plan
+from .wrap import as_dtensor, bind, replicated_local
+
+aten = torch.ops.aten
+
+
+def local_out_shape(plan: ConvPlan, window: torch.Tensor) -> list[int]:
+    """This rank's output block: owned output rows on sharded dims, everything else full."""
+    shape = [window.shape[0], *plan.out_shape[1:]]
+    for s in plan.splits:
+        o0, o1 = s.owned_out(plan.mesh.get_local_rank(s.mesh_dim))
+        shape[s.dim] = o1 - o0
+    return shape
+
+
+def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    """Exact convolution for spatially and batch sharded inputs; replicated fallback else."""
+    x, weight, bias, stride, padding, dilation, transposed, out_pad, groups = bind(
+        op_call, args, kwargs
+    )
+    plan = make_plan(x, weight.shape, stride, padding, dilation, transposed)
+    with torch.no_grad():
+        if isinstance(plan, str):
+            warn_fallback("convolution", plan)
+            return _fallback(
+                op_call, x, weight, bias, [stride, padding, dilation, transposed, out_pad, groups]
+            )
+        w, b = replicated_local(weight), replicated_local(bias)
+        window = x.to_local()
+        for split in plan.splits:
+            window = gather_window(window, split, plan.mesh)
+        shape = local_out_shape(plan, window)
+        if window.numel() == 0 or 0 in shape:
+            out = window.new_zeros(shape)
+        else:
+            nspatial = len(plan.stride)
+            out = aten.convolution(
+                window,
+                w,
+                b,
+                plan.stride,
+                plan.local_padding,
+                plan.dilation,
+                False,
+                [0] * nspatial,
+                groups,
+            )
+        return as_dtensor(out, plan.mesh, plan.placements, plan.out_shape)
+
+
+def _fallback(
+    op_call: torch._ops.OpOverload, x: object, weight: object, bias: object, rest: list
+) -> object:
+    dtensors = [t for t in (x, weight, bias) if isinstance(t, DTensor)]
+    mesh = dtensors[0].device_mesh
+    xl = replicated(x).to_local() if isinstance(x, DTensor) else x
+    out = op_call(xl, replicated_local(weight), replicated_local(bias), *rest)
+    full = as_dtensor(out, mesh, [Replicate()] * mesh.ndim, out.shape)
+    if not isinstance(x, DTensor) or x.device_mesh != mesh:
+        return full
+    return full.redistribute(mesh, target_placements(tuple(x.placements)))

@@ -1,0 +1,72 @@
+"""Moving between local tensors and DTensors inside the handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate
+
+from .fallback import replicated, target_placements
+
+
+def bind(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[object]:
+    """All arguments of `op_call` positionally, defaults filled in."""
+    values: list[object] = []
+    for i, arg in enumerate(op_call._schema.arguments):
+        if i < len(args):
+            values.append(args[i])
+        elif arg.name in kwargs:
+            values.append(kwargs[arg.name])
+        else:
+            values.append(arg.default_value)
+    return values
+
+
+def replicated_local(t: object) -> torch.Tensor | None:
+    """Weight or bias as a full local tensor, whatever its placements."""
+    if isinstance(t, DTensor):
+        return replicated(t).to_local()
+    return t  # type: ignore[return-value]
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def as_dtensor(
+    local: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement], shape: Sequence[int]
+) -> DTensor:
+    """Wrap a local shard whose global shape we already know (no shape all-gather)."""
+    return DTensor.from_local(
+        local,
+        mesh,
+        list(placements),
+        run_check=False,
+        shape=torch.Size(shape),
+        stride=contiguous_strides(shape),
+    )
+
+
+def like_param(full: torch.Tensor, mesh: DeviceMesh, param: object) -> torch.Tensor:
+    """A replicated full gradient in the form of its parameter (placements or plain)."""
+    if not isinstance(param, DTensor):
+        return full
+    dt = as_dtensor(full, mesh, [Replicate()] * mesh.ndim, full.shape)
+    if param.device_mesh != mesh:
+        return dt
+    return dt.redistribute(mesh, target_placements(tuple(param.placements)))
+
+
+def summed(local: torch.Tensor, mesh: DeviceMesh, mesh_dims: Sequence[int]) -> torch.Tensor:
+    """Sum a per-rank partial result over `mesh_dims`; the result is full on every rank."""
+    if not mesh_dims:
+        return local
+    placements = [Partial() if i in mesh_dims else Replicate() for i in range(mesh.ndim)]
+    dt = as_dtensor(local, mesh, placements, local.shape)
+    return replicated(dt).to_local()
