@@ -17,8 +17,17 @@ from dt_core.testing import cpu_mesh
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
-def check(mesh: Any, placements: list, x_shape: tuple, w_shape: tuple, bias: bool,
-          seed: int = 0, **kw: Any) -> str | None:
+def check(
+    mesh: Any,
+    placements: list,
+    x_shape: tuple,
+    w_shape: tuple,
+    bias: bool,
+    seed: int = 0,
+    needs: tuple[bool, bool, bool] = (True, True, True),
+    w_placements: list | None = None,
+    **kw: Any,
+) -> str | None:
     """Run one case sharded and unsharded; return a description of any mismatch."""
     from torch.distributed.tensor import Replicate, distribute_tensor
 
@@ -27,18 +36,21 @@ def check(mesh: Any, placements: list, x_shape: tuple, w_shape: tuple, bias: boo
     x = torch.randn(x_shape, generator=gen, dtype=torch.float64)
     w = torch.randn(w_shape, generator=gen, dtype=torch.float64)
     b = torch.randn(w_shape[0], generator=gen, dtype=torch.float64) if bias else None
-    ref = [t.clone().requires_grad_() if t is not None else None for t in (x, w, b)]
+    ref = [t.clone().requires_grad_(n) if t is not None else None for t, n in zip((x, w, b), needs)]
     y_ref = conv(*ref, **kw)
     g = torch.randn(y_ref.shape, generator=gen, dtype=torch.float64)
-    (y_ref * g).sum().backward()
+    wants_grad = any(needs[: 3 if bias else 2])
+    if wants_grad:
+        (y_ref * g).sum().backward()
 
     rep = [Replicate()] * mesh.ndim
-    xd = distribute_tensor(x, mesh, placements).requires_grad_()
-    wd = distribute_tensor(w, mesh, rep).requires_grad_()
-    bd = distribute_tensor(b, mesh, rep).requires_grad_() if bias else None
+    xd = distribute_tensor(x, mesh, placements).requires_grad_(needs[0])
+    wd = distribute_tensor(w, mesh, w_placements or rep).requires_grad_(needs[1])
+    bd = distribute_tensor(b, mesh, rep).requires_grad_(needs[2]) if bias else None
     y = conv(xd, wd, bd, **kw)
     gd = distribute_tensor(g, mesh, list(y.placements))
-    (y * gd).sum().backward()
+    if wants_grad:
+        (y * gd).sum().backward()
     case = f"{placements} x{x_shape} w{w_shape} bias={bias} {kw}"
     if not torch.allclose(y.full_tensor(), y_ref):
         return f"forward differs: {case}"
@@ -46,13 +58,24 @@ def check(mesh: Any, placements: list, x_shape: tuple, w_shape: tuple, bias: boo
     if bias:
         grads.append(("bias", bd, ref[2]))
     for name, got, want in grads:
+        if not want.requires_grad:
+            if got.grad is not None:
+                return f"unexpected grad_{name}: {case}"
+            continue
         if got.grad is None or not torch.allclose(got.grad.full_tensor(), want.grad):
             return f"grad_{name} differs: {case}"
     return None
 
 
 def run_cases(mesh: Any, cases: list[tuple]) -> None:
-    failures = [f for c in cases if (f := check(mesh, *c[:4], **c[4])) is not None]
+    """Check every case; all of them must take the sharded (non-fallback) path."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        failures = [f for c in cases if (f := check(mesh, *c[:4], **c[4])) is not None]
+    fell_back = sorted({str(w.message) for w in caught if "dt-conv" in str(w.message)})
+    assert not fell_back, fell_back
     assert not failures, f"{len(failures)}/{len(cases)} cases wrong:\n" + "\n".join(failures)
 
 
@@ -124,16 +147,29 @@ def test_several_sharded_dims_on_a_2x2_mesh() -> None:
     mesh = cpu_mesh((2, 2))
     cases = []
     for pl, (h, w_), k, pad in itertools.product(
-        ([Shard(2), Shard(3)], [Shard(3), Shard(2)], [Shard(0), Shard(3)], [Shard(2), Shard(0)],
-         [Replicate(), Shard(3)], [Shard(2), Replicate()]),
+        (
+            [Shard(2), Shard(3)],
+            [Shard(3), Shard(2)],
+            [Shard(0), Shard(3)],
+            [Shard(2), Shard(0)],
+            [Replicate(), Shard(3)],
+            [Shard(2), Replicate()],
+        ),
         ((8, 8), (7, 5), (3, 4)),
         (1, 2, 3),
         (0, 1),
     ):
         cases.append((pl, (3, 2, h, w_), (2, 2, k, k), k != 2, {"padding": pad}))
     cases.append(([Shard(2), Shard(4)], (1, 2, 5, 3, 6), (2, 2, 3, 3, 3), True, {"padding": 1}))
-    cases.append(([Shard(3), Shard(2)], (2, 4, 9, 7), (4, 2, 3, 3), True,
-                  {"padding": 1, "groups": 2, "stride": 2}))
+    cases.append(
+        (
+            [Shard(3), Shard(2)],
+            (2, 4, 9, 7),
+            (4, 2, 3, 3),
+            True,
+            {"padding": 1, "groups": 2, "stride": 2},
+        )
+    )
     run_cases(mesh, cases)
 
 
@@ -164,3 +200,74 @@ def test_unsupported_layouts_fall_back_exactly_and_warn_once() -> None:
         y = F.conv_transpose2d(xd, wd, padding=1)
     assert torch.allclose(y.full_tensor(), F.conv_transpose2d(x, w, padding=1))
     assert any("transposed" in str(c.message) for c in caught)
+
+
+@pytest.mark.ranks(2)
+def test_random_configurations_property() -> None:
+    from hypothesis import Phase, given, settings
+    from hypothesis import strategies as st
+    from torch.distributed.tensor import Shard
+
+    mesh = cpu_mesh(2)
+
+    @settings(
+        max_examples=60, derandomize=True, deadline=None, database=None, phases=[Phase.generate]
+    )  # no shrinking: every rank must run the same cases
+    @given(st.data())
+    def prop(data: Any) -> None:
+        nspatial = data.draw(st.integers(1, 3))
+        groups = data.draw(st.sampled_from([1, 2]))
+        sizes = [data.draw(st.integers(1, 9 if nspatial < 3 else 5)) for _ in range(nspatial)]
+        kernels = [data.draw(st.integers(1, 4)) for _ in range(nspatial)]
+        dilation = data.draw(st.integers(1, 2))
+        stride = data.draw(st.integers(1, 3))
+        same = stride == 1 and data.draw(st.booleans())
+        padding: Any = "same" if same else data.draw(st.integers(0, 2))
+        pad = 0 if same else padding
+        if any(s + 2 * pad < dilation * (k - 1) + 1 for s, k in zip(sizes, kernels)):
+            return
+        dim = data.draw(st.integers(0, nspatial + 1))
+        if dim == 1:
+            dim = 0
+        x_shape = (2, 2 * groups, *sizes)
+        w_shape = (2 * groups, 2, *kernels)
+        kw = {"padding": padding, "dilation": dilation, "groups": groups}
+        if not same:
+            kw["stride"] = stride
+        problem = check(mesh, [Shard(dim)], x_shape, w_shape, data.draw(st.booleans()), **kw)
+        assert problem is None, problem
+
+    prop()
+
+
+@pytest.mark.ranks(2)
+def test_output_mask_and_sharded_weight() -> None:
+    from torch.distributed.tensor import Shard
+
+    mesh = cpu_mesh(2)
+    cases = []
+    for needs in itertools.product((True, False), repeat=3):
+        kw = {"padding": 1, "needs": needs}
+        cases.append(([Shard(2)], (2, 2, 7, 5), (4, 2, 3, 3), True, kw))
+        cases.append(([Shard(3)], (2, 2, 5, 7), (4, 2, 3, 3), True, {**kw, "stride": 2}))
+    cases.append(([Shard(2)], (2, 2, 7, 5), (4, 2, 3, 3), True, {"w_placements": [Shard(0)]}))
+    run_cases(mesh, cases)
+
+
+@pytest.mark.ranks(2)
+def test_partial_input_falls_back_to_a_replicated_exact_result() -> None:
+    import warnings
+
+    from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+
+    mesh = cpu_mesh(2)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 2, 6, 5, generator=gen, dtype=torch.float64)
+    w = torch.randn(3, 2, 3, 3, generator=gen, dtype=torch.float64)
+    xd = DTensor.from_local(x / 2, mesh, [Partial()], run_check=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = F.conv2d(xd, distribute_tensor(w, mesh, [Replicate()]), padding=1)
+    assert y.placements == (Replicate(),)
+    assert torch.allclose(y.to_local(), F.conv2d(x, w, padding=1))
+    assert any("Partial" in str(c.message) for c in caught)

@@ -28,11 +28,20 @@ def _strategy(op_schema):  # pragma: no cover
     return None
 
 
+def _other_installed_plugins() -> list[str]:
+    """Installed plugins besides the sample (e.g. dt-conv in a shared dev venv): they
+    would conflict with the fake plugins here, so the tests disable them."""
+    from dt_core.discovery import plugin_entry_points
+
+    return [ep.name for ep in plugin_entry_points() if ep.name != "sample"]
+
+
 @pytest.fixture
 def core(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """A deactivated core; names registered through the yielded list are cleaned up."""
-    monkeypatch.delenv("DT_PLUGINS_DISABLE", raising=False)
+    monkeypatch.setenv("DT_PLUGINS_DISABLE", ",".join(_other_installed_plugins()))
     dt_core.deactivate()
+    dt_core.unregister_plugin("")  # forget the discovery done under the old environment
     names: list[str] = []
     yield names
     dt_core.deactivate()
@@ -103,7 +112,9 @@ def test_disabling_one_side_of_a_conflict_resolves_it(core, monkeypatch) -> None
             plugin(dt_op_handlers=lambda: [dt_core.OpHandler(CONV, _handler)]), name
         )
         core.append(name)
-    monkeypatch.setenv("DT_PLUGINS_DISABLE", "second,sample")
+    monkeypatch.setenv(
+        "DT_PLUGINS_DISABLE", ",".join(["second", "sample", *_other_installed_plugins()])
+    )
     dt_core.unregister_plugin("second")  # re-discover with the new environment
     dt_core.register_plugin(
         plugin(dt_op_handlers=lambda: [dt_core.OpHandler(CONV, _handler)]), "second"

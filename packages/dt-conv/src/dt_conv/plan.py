@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from .geometry import DimSplit, conv_out_size, expand
 
@@ -60,6 +60,8 @@ def make_plan(
     for mesh_dim, p in enumerate(x.placements):
         if isinstance(p, Replicate):
             continue
+        if isinstance(p, Partial):
+            return f"Partial (unreduced) input on mesh dim {mesh_dim}"
         if type(p) is not Shard:
             return f"input placement {p} on mesh dim {mesh_dim}"
         dim = p.dim % x.ndim

@@ -61,6 +61,11 @@ class _NotifyingLoader(importlib.abc.Loader):
             module.__spec__.loader = self._loader  # reloads go straight to the real one
         module.__loader__ = self._loader
         self._loader.exec_module(module)
+        # importlib binds a submodule to its parent only after exec_module returns; do it
+        # now so callbacks can use `import a.b.c as m` and attribute access alike.
+        parent, _, child = self._name.rpartition(".")
+        if parent and parent in sys.modules:
+            setattr(sys.modules[parent], child, module)
         _fire(self._name, module)
 
     def __getattr__(self, attribute: str) -> Any:
