@@ -51,8 +51,11 @@ def is_current(path: Path) -> bool:
         return False
     if info.get("url") != path.resolve().as_uri():
         return False
-    installed_at = Path(str(dist.locate_file(""))) / f"{dist._path.name}"  # type: ignore[attr-defined]
-    return installed_at.stat().st_mtime >= (path / "pyproject.toml").stat().st_mtime
+    record = next((f for f in dist.files or () if f.name == "RECORD"), None)
+    if record is None:
+        return False
+    installed_at = Path(str(dist.locate_file(record))).stat().st_mtime
+    return installed_at >= (path / "pyproject.toml").stat().st_mtime
 
 
 def main(argv: list[str]) -> int:

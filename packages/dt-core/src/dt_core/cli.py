@@ -58,16 +58,14 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_problems() -> list[str]:
-    """Everything that stops the installed plugins from working, as readable lines."""
-    import dt_core
+def check_problems(infos: list[PluginInfo]) -> list[str]:
+    """Everything that stops the installed plugins (`infos`) from working, as lines."""
     from dt_core import activation, compat
 
     problems = []
     version_problem = compat.torch_version_problem()
     if version_problem:
         problems.append(version_problem)
-    infos = dt_core.plugins()
     for info in infos:
         if info.state == "failed" and not (version_problem and info.reason == version_problem):
             problems.append(f"plugin {info.name!r} failed: {info.reason}")
@@ -77,10 +75,11 @@ def check_problems() -> list[str]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    problems = check_problems()
     import dt_core
 
-    count = len(dt_core.plugins())
+    infos = dt_core.plugins()
+    problems = check_problems(infos)
+    count = len(infos)
     if problems:
         for line in problems:
             print(f"problem: {line}")
