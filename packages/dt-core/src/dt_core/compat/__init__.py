@@ -15,6 +15,12 @@ Interface:
     make_graph_pass(name, fn, uuid) -> CustomGraphPass
     install_graph_passes(stage, passes) / uninstall_graph_passes(stage)
     installed_graph_passes(stage) -> tuple
+
+Plugins that need a private torch API get a small area module next to this one
+(`dt_core.compat.<area>`, e.g. `symm_mem`, `attention`, `fsdp`), one area per module, each
+exposing plain functions and calling `ensure_supported_torch()` before its first private
+access. No plugin imports `torch.distributed.tensor._*`, `torch._inductor.*` or other
+private torch modules itself.
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .contributions import PassStage, ShardingStrategy
-from .errors import UnsupportedTorchError
+from ..contributions import PassStage, ShardingStrategy
+from ..errors import UnsupportedTorchError
 
 # [low, high): the torch releases this module was written and tested against.
 TESTED_TORCH_RANGE = ("2.13.0", "2.14.0")
