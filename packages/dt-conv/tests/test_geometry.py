@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from dt_conv.geometry import DimSplit, chunk_range, conv_out_size
+from dt_conv.geometry import Affine, DimSplit, chunk_range, conv_out_size, conv_split
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +32,7 @@ def test_windows_reproduce_the_full_conv(
 ) -> None:
     if conv_out_size(size, kernel, stride, padding, dilation) < 1:
         return
-    split = DimSplit(2, 0, parts, size, kernel, stride, padding, dilation)
+    split = conv_split(2, 0, parts, size, kernel, stride, padding, dilation)
     x = torch.randn(1, 1, size, dtype=torch.float64)
     w = torch.randn(1, 1, kernel, dtype=torch.float64)
     full = F.conv1d(x, w, stride=stride, padding=padding, dilation=dilation)
@@ -48,3 +48,60 @@ def test_windows_reproduce_the_full_conv(
         assert window.shape[-1] == hi - lo  # the window never reaches past the padding
         local = F.conv1d(window, w, stride=stride, dilation=dilation)
         assert torch.equal(local, full[..., o0:o1])
+
+
+def simulate_windows(split: DimSplit, x: torch.Tensor, fill_value: float) -> list[torch.Tensor]:
+    """Assemble every chunk's window on one process from the exchange plans alone."""
+    from dt_conv.halo import FILL, OWN, exchange_plan
+
+    locals_ = [x[..., slice(*split.owned_in(c))] for c in range(split.parts)]
+    windows = []
+    for me in range(split.parts):
+        plan = exchange_plan(split, me)
+        buffers = []
+        for peer, count in plan.recvs:  # what the peer's plan says it sends to me
+            rows = dict(exchange_plan(split, peer).sends)[me]
+            assert len(rows) == count
+            buffers.append(locals_[peer][..., list(rows)])
+        pieces = []
+        for seg in plan.segments:
+            if seg.source == FILL:
+                pieces.append(torch.full((*x.shape[:-1], seg.length), fill_value))
+                continue
+            src = locals_[me] if seg.source == OWN else buffers[seg.source]
+            idx = [seg.start + seg.step * i for i in range(seg.length)]
+            pieces.append(src[..., idx])
+        windows.append(torch.cat(pieces, -1) if pieces else x[..., :0])
+        assert windows[-1].shape[-1] == plan.window_rows
+    return windows
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.integers(1, 20),
+    parts=st.integers(1, 5),
+    left=st.integers(-3, 6),
+    right=st.integers(-3, 6),
+    mode=st.sampled_from(["constant", "reflect", "replicate", "circular"]),
+)
+def test_padding_windows_reproduce_f_pad(
+    size: int, parts: int, left: int, right: int, mode: str
+) -> None:
+    if size + left + right < 1:
+        return
+    if mode == "reflect" and max(left, right) >= size:
+        return  # torch's own limit
+    if mode == "circular" and (max(left, right) > size or min(left, right) < 0):
+        return
+    if mode != "constant" and min(left, right) < 0:
+        return
+    x = torch.arange(float(size)).reshape(1, 1, size)
+    full = (
+        F.pad(x, (left, right), mode=mode, value=-7.0)
+        if mode == "constant"
+        else F.pad(x, (left, right), mode=mode)
+    )
+    split = DimSplit(2, 0, parts, size, size + left + right, Affine(1, -left, 1), mode)
+    for c, window in enumerate(simulate_windows(split, x, -7.0)):
+        o0, o1 = split.owned_out(c)
+        assert torch.equal(window, full[..., o0:o1]), (c, window, full[..., o0:o1])

@@ -1,14 +1,19 @@
-"""Index arithmetic for sharded convolution, free of torch so it is easy to check.
+"""Index arithmetic for sharded spatial ops, free of torch so it is easy to check.
 
 Row ranges are half-open `(start, end)` pairs in global coordinates of one tensor dim.
+An op reads, for a block of output rows, a window of *virtual* input rows: rows inside
+`[0, size)` are data; rows outside are padding, filled according to the padding mode
+(zeros / a constant, or a copy of a data row for reflect, replicate and circular).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 Range = tuple[int, int]
+Fill = Literal["constant", "reflect", "replicate", "circular"]
 
 
 def chunk_range(size: int, parts: int, index: int) -> Range:
@@ -36,27 +41,66 @@ def expand(param: Sequence[int] | int, n: int) -> list[int]:
 
 
 @dataclass(frozen=True)
+class Affine:
+    """Output row `o` reads virtual rows `[o*stride + offset, o*stride + offset + extent)`.
+
+    Convolution and pooling: stride, offset -padding, extent dilation*(kernel-1)+1.
+    Padding: stride 1, offset -left, extent 1.
+    """
+
+    stride: int
+    offset: int
+    extent: int
+
+    def __call__(self, o0: int, o1: int) -> Range:
+        return o0 * self.stride + self.offset, (o1 - 1) * self.stride + self.offset + self.extent
+
+
+@dataclass(frozen=True)
+class Table:
+    """Output row `o` reads virtual rows `[lo[o], hi[o])` (interpolation)."""
+
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+
+    def __call__(self, o0: int, o1: int) -> Range:
+        return min(self.lo[o0:o1]), max(self.hi[o0:o1])
+
+
+def source_row(v: int, size: int, fill: Fill) -> int | None:
+    """The data row virtual row `v` copies, or None where it holds the fill value."""
+    if 0 <= v < size:
+        return v
+    if fill == "constant":
+        return None
+    if fill == "replicate":
+        return min(max(v, 0), size - 1)
+    if fill == "circular":
+        return v % size
+    period = 2 * (size - 1)  # reflect without repeating the edge row
+    if period == 0:
+        return 0
+    v %= period
+    return v if v < size else period - v
+
+
+@dataclass(frozen=True)
 class DimSplit:
-    """How one spatial tensor dim is split over one mesh dim, for input and output.
+    """How one tensor dim is split over one mesh dim, for input and output of an op.
 
     Output rows are owned by the same chunk rule as input rows, so the output is a
-    proper `Shard(dim)` DTensor. `needed(c)` is the input window (possibly reaching into
-    the zero padding, i.e. below 0 or past `size`) chunk `c` reads for its output rows.
-    A chunk without output rows gets an empty window, so shapes stay defined everywhere.
+    proper `Shard(dim)` DTensor. `needed(c)` is the virtual input window chunk `c` reads
+    for its output rows; a chunk without output rows gets an empty window, so shapes
+    stay defined everywhere.
     """
 
     dim: int
     mesh_dim: int
     parts: int
     size: int
-    kernel: int
-    stride: int
-    padding: int
-    dilation: int
-
-    @property
-    def out_size(self) -> int:
-        return conv_out_size(self.size, self.kernel, self.stride, self.padding, self.dilation)
+    out_size: int
+    reach: Affine | Table
+    fill: Fill = "constant"
 
     def owned_in(self, c: int) -> Range:
         return chunk_range(self.size, self.parts, c)
@@ -69,10 +113,27 @@ class DimSplit:
         o0, o1 = self.owned_out(c)
         if o1 <= o0:
             return 0, 0
-        start = o0 * self.stride - self.padding
-        end = (o1 - 1) * self.stride - self.padding + self.dilation * (self.kernel - 1) + 1
-        return start, end
+        return self.reach(o0, o1)
 
-    def needed_data(self, c: int) -> Range:
-        """The part of `needed(c)` that is real data (not zero padding)."""
-        return intersect(self.needed(c), (0, self.size))
+    def sources(self, c: int) -> list[int | None]:
+        """For each row of chunk `c`'s window, the data row it copies (None: fill)."""
+        lo, hi = self.needed(c)
+        return [source_row(v, self.size, self.fill) for v in range(lo, hi)]
+
+
+def conv_split(
+    dim: int,
+    mesh_dim: int,
+    parts: int,
+    size: int,
+    kernel: int,
+    stride: int,
+    padding: int,
+    dilation: int,
+    out_size: int | None = None,
+) -> DimSplit:
+    """The split of a zero-padded convolution (or pooling) along one dim."""
+    if out_size is None:
+        out_size = conv_out_size(size, kernel, stride, padding, dilation)
+    reach = Affine(stride, -padding, dilation * (kernel - 1) + 1)
+    return DimSplit(dim, mesh_dim, parts, size, out_size, reach)

@@ -1,27 +1,103 @@
 """Point-to-point halo exchange along one mesh dim, and its adjoint for gradients.
 
-Every rank derives all ranks' owned and needed windows from global shapes (`DimSplit`),
-so each pair knows exactly which rows go where; thin shards whose halo spans several
-neighbours need no special case. Uses the mesh dim's own process group.
+Every rank derives all ranks' owned rows and windows from global shapes (`DimSplit`),
+so each pair knows exactly which rows go where: a peer receives only the data rows its
+window copies (thin shards whose halo spans several neighbours, reflected and wrapped
+rows included), and fill rows travel nowhere. Uses the mesh dim's own process group.
 """
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from .geometry import DimSplit, Range, intersect
+from .geometry import DimSplit
+
+FILL, OWN = -1, -2  # segment sources besides "received buffer k"
 
 
-def _rows(t: torch.Tensor, dim: int, rows: Range, origin: int) -> torch.Tensor:
-    return t.narrow(dim, rows[0] - origin, rows[1] - rows[0])
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive window rows copying rows start, start+step, ... of one source."""
+
+    source: int  # FILL, OWN, or the index of a received buffer
+    start: int
+    length: int
+    step: int  # +1, or -1 for reflected rows
+
+    def rows(self) -> tuple[int, int]:
+        """The source rows as a forward range (start, length) for `narrow`."""
+        first = self.start if self.step > 0 else self.start - self.length + 1
+        return first, self.length
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What one rank sends, receives and assembles for one split."""
+
+    sends: tuple[tuple[int, tuple[int, ...]], ...]  # (peer, my rows relative to my start)
+    recvs: tuple[tuple[int, int], ...]  # (peer, number of rows)
+    segments: tuple[Segment, ...]
+    window_rows: int
+
+
+def _rows_from(split: DimSplit, reader: int, owner: int) -> list[int]:
+    lo, hi = split.owned_in(owner)
+    return sorted({s for s in split.sources(reader) if s is not None and lo <= s < hi})
+
+
+@functools.lru_cache(maxsize=512)
+def exchange_plan(split: DimSplit, me: int) -> Exchange:
+    mine = split.owned_in(me)
+    sends, recvs, where = [], [], {}
+    for r in range(split.parts):
+        if r == me:
+            continue
+        give = _rows_from(split, r, me)
+        if give:
+            sends.append((r, tuple(g - mine[0] for g in give)))
+        take = _rows_from(split, me, r)
+        if take:
+            where.update({row: (len(recvs), j) for j, row in enumerate(take)})
+            recvs.append((r, len(take)))
+    located = []
+    for s in split.sources(me):
+        if s is None:
+            located.append((FILL, 0))
+        elif mine[0] <= s < mine[1]:
+            located.append((OWN, s - mine[0]))
+        else:
+            located.append(where[s])
+    segments: list[Segment] = []
+    for source, pos in located:
+        if segments:
+            last = segments[-1]
+            step = last.step if last.length > 1 else (pos - last.start) or 1
+            if (
+                last.source == source
+                and abs(step) == 1
+                and (source == FILL or pos == last.start + step * last.length)
+            ):
+                segments[-1] = Segment(source, last.start, last.length + 1, step)
+                continue
+        segments.append(Segment(source, pos, 1, 1))
+    return Exchange(tuple(sends), tuple(recvs), tuple(segments), len(located))
 
 
 def _resized(t: torch.Tensor, dim: int, length: int) -> list[int]:
     shape = list(t.shape)
     shape[dim] = length
     return shape
+
+
+def _select(t: torch.Tensor, dim: int, rows: tuple[int, ...]) -> torch.Tensor:
+    if rows == tuple(range(rows[0], rows[0] + len(rows))):
+        return t.narrow(dim, rows[0], len(rows)).contiguous()
+    return t.index_select(dim, torch.tensor(rows, device=t.device))
 
 
 def _run(ops: list[dist.P2POp]) -> None:
@@ -37,36 +113,38 @@ def _peers(mesh: DeviceMesh, split: DimSplit) -> tuple[dist.ProcessGroup, int, l
     return group, me, ranks
 
 
-def gather_window(local: torch.Tensor, split: DimSplit, mesh: DeviceMesh) -> torch.Tensor:
-    """This rank's needed input window along `split.dim`, zero-padded at global edges."""
+def _piece(seg: Segment, source: torch.Tensor, dim: int) -> torch.Tensor:
+    first, length = seg.rows()
+    piece = source.narrow(dim, first, length)
+    return piece.flip(dim) if seg.step < 0 and length > 1 else piece
+
+
+def gather_window(
+    local: torch.Tensor, split: DimSplit, mesh: DeviceMesh, fill_value: float = 0.0
+) -> torch.Tensor:
+    """This rank's window along `split.dim`: halo rows from peers, padding filled."""
     group, me, ranks = _peers(mesh, split)
-    dim, mine, want = split.dim, split.owned_in(me), split.needed_data(me)
-    ops: list[dist.P2POp] = []
-    pieces: dict[int, torch.Tensor] = {}
-    for r in range(split.parts):
-        if r == me:
-            continue
-        give = intersect(mine, split.needed_data(r))
-        if give[1] > give[0]:
-            chunk = _rows(local, dim, give, mine[0]).contiguous()
-            ops.append(dist.P2POp(dist.isend, chunk, ranks[r], group))
-        take = intersect(split.owned_in(r), want)
-        if take[1] > take[0]:
-            pieces[r] = local.new_empty(_resized(local, dim, take[1] - take[0]))
-            ops.append(dist.P2POp(dist.irecv, pieces[r], ranks[r], group))
-    own = intersect(mine, want)
-    if own[1] > own[0]:
-        pieces[me] = _rows(local, dim, own, mine[0])
+    plan, dim = exchange_plan(split, me), split.dim
+    ops = [
+        dist.P2POp(dist.isend, _select(local, dim, rows), ranks[r], group) for r, rows in plan.sends
+    ]
+    buffers = [local.new_empty(_resized(local, dim, n)) for _, n in plan.recvs]
+    ops += [
+        dist.P2POp(dist.irecv, b, ranks[r], group)
+        for (r, _), b in zip(plan.recvs, buffers, strict=True)
+    ]
     _run(ops)
-    window = split.needed(me)
-    if window[1] <= window[0]:
-        return local.new_zeros(_resized(local, dim, 0))
-    parts = [pieces[r] for r in sorted(pieces)]
-    if want[0] > window[0]:
-        parts.insert(0, local.new_zeros(_resized(local, dim, want[0] - window[0])))
-    if window[1] > want[1]:
-        parts.append(local.new_zeros(_resized(local, dim, window[1] - want[1])))
-    return torch.cat(parts, dim=dim)
+    pieces = []
+    for seg in plan.segments:
+        if seg.source == FILL:
+            pieces.append(local.new_full(_resized(local, dim, seg.length), fill_value))
+        else:
+            pieces.append(_piece(seg, local if seg.source == OWN else buffers[seg.source], dim))
+    if len(pieces) == 1:
+        return pieces[0]
+    if not pieces:
+        return local.new_empty(_resized(local, dim, 0))
+    return torch.cat(pieces, dim=dim)
 
 
 def scatter_add_window(
@@ -74,24 +152,31 @@ def scatter_add_window(
 ) -> torch.Tensor:
     """Adjoint of `gather_window`: send window gradients home and sum them per owned row."""
     group, me, ranks = _peers(mesh, split)
-    dim, mine, window = split.dim, split.owned_in(me), split.needed(me)
+    plan, dim = exchange_plan(split, me), split.dim
+    mine = split.owned_in(me)
     out = grad_window.new_zeros(_resized(grad_window, dim, mine[1] - mine[0]))
-    ops: list[dist.P2POp] = []
-    received: list[tuple[Range, torch.Tensor]] = []
-    for r in range(split.parts):
-        give = intersect(split.owned_in(r), split.needed_data(me))
-        if give[1] > give[0]:
-            part = _rows(grad_window, dim, give, window[0])
-            if r == me:
-                _rows(out, dim, give, mine[0]).add_(part)
-            else:
-                ops.append(dist.P2POp(dist.isend, part.contiguous(), ranks[r], group))
-        take = intersect(mine, split.needed_data(r))
-        if r != me and take[1] > take[0]:
-            buf = grad_window.new_empty(_resized(grad_window, dim, take[1] - take[0]))
-            received.append((take, buf))
-            ops.append(dist.P2POp(dist.irecv, buf, ranks[r], group))
+    back = [grad_window.new_zeros(_resized(grad_window, dim, n)) for _, n in plan.recvs]
+    offset = 0
+    for seg in plan.segments:
+        part = grad_window.narrow(dim, offset, seg.length)
+        offset += seg.length
+        if seg.source == FILL:
+            continue
+        target = out if seg.source == OWN else back[seg.source]
+        first, length = seg.rows()
+        target.narrow(dim, first, length).add_(part.flip(dim) if seg.step < 0 else part)
+    ops = [
+        dist.P2POp(dist.isend, b, ranks[r], group)
+        for (r, _), b in zip(plan.recvs, back, strict=True)
+    ]
+    received = [
+        grad_window.new_empty(_resized(grad_window, dim, len(rows))) for _, rows in plan.sends
+    ]
+    ops += [
+        dist.P2POp(dist.irecv, buf, ranks[r], group)
+        for (r, _), buf in zip(plan.sends, received, strict=True)
+    ]
     _run(ops)
-    for rows, buf in received:
-        _rows(out, dim, rows, mine[0]).add_(buf)
+    for (_, rows), buf in zip(plan.sends, received, strict=True):
+        out.index_add_(dim, torch.tensor(rows, device=out.device), buf)
     return out

@@ -1,4 +1,4 @@
-"""Decide, from global metadata only, whether a convolution can run sharded exactly.
+"""Decide, from global metadata only, whether a spatial op can run sharded exactly.
 
 The decision must be identical on every rank (a rank that falls back alone would leave
 its peers waiting in a halo exchange), so it reads shapes and placements, never local
@@ -7,32 +7,102 @@ data.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from .geometry import DimSplit, conv_out_size, expand
+from .geometry import DimSplit, conv_out_size, conv_split, expand
+
+# For a tensor dim the op works along: (mesh_dim, parts) -> how that dim splits.
+Splitter = Callable[[int, int], DimSplit]
+
+
+@dataclass(frozen=True)
+class SpatialPlan:
+    """How a supported sharded op runs: which dims exchange halos, which pass through."""
+
+    mesh: DeviceMesh
+    placements: tuple[Placement, ...]
+    splits: tuple[DimSplit, ...]  # dims the op works along, in halo-exchange order
+    free_mesh_dims: tuple[int, ...]  # mesh dims sharding dims the op leaves alone
+    out_shape: tuple[int, ...]  # global output shape
+
+    def local_rank(self, split: DimSplit) -> int:
+        return self.mesh.get_local_rank(split.mesh_dim)
+
+
+def plan_spatial(
+    x: object,
+    out_shape: Sequence[int],
+    splitters: Mapping[int, Splitter],
+    blocked: Mapping[int, str] | None = None,
+) -> SpatialPlan | str:
+    """A `SpatialPlan`, or the reason the sharded path cannot be exact for this call.
+
+    `splitters` names the dims the op works along; any other dim must keep its size and
+    may be sharded freely, unless `blocked` gives the reason it may not.
+    """
+    if not isinstance(x, DTensor):
+        return "input is not a DTensor"
+    blocked = blocked or {}
+    splits: list[DimSplit] = []
+    free: list[int] = []
+    seen: set[int] = set()
+    mesh = x.device_mesh
+    for mesh_dim, p in enumerate(x.placements):
+        if isinstance(p, Replicate):
+            continue
+        if isinstance(p, Partial):
+            return f"Partial (unreduced) input on mesh dim {mesh_dim}"
+        if type(p) is not Shard:
+            return f"input placement {p} on mesh dim {mesh_dim}"
+        dim = p.dim % x.ndim
+        if dim in blocked:
+            return blocked[dim]
+        if dim in seen:
+            return f"input dim {dim} sharded over several mesh dims"
+        seen.add(dim)
+        if dim in splitters:
+            splits.append(splitters[dim](mesh_dim, mesh.size(mesh_dim)))
+        elif out_shape[dim] != x.shape[dim]:
+            return f"input dim {dim} changes size"
+        else:
+            free.append(mesh_dim)
+    return SpatialPlan(mesh, tuple(x.placements), tuple(splits), tuple(free), tuple(out_shape))
 
 
 @dataclass(frozen=True)
 class ConvPlan:
-    """How a supported sharded convolution runs: which dims exchange halos."""
+    """A sharded convolution: the spatial plan plus the local conv's arguments."""
 
-    mesh: DeviceMesh
-    placements: tuple[Placement, ...]
-    splits: tuple[DimSplit, ...]  # spatial dims sharded, in halo-exchange order
-    batch_mesh_dims: tuple[int, ...]  # mesh dims sharding the batch dim
+    spatial: SpatialPlan
     local_padding: list[int]  # conv padding with 0 on the sharded dims
     stride: list[int]
     dilation: list[int]
-    out_shape: tuple[int, ...]  # global output shape
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        return self.spatial.mesh
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        return self.spatial.placements
+
+    @property
+    def splits(self) -> tuple[DimSplit, ...]:
+        return self.spatial.splits
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.spatial.out_shape
 
     @property
     def reduce_mesh_dims(self) -> tuple[int, ...]:
         """Mesh dims over which weight/bias gradients are partial sums."""
-        return tuple(sorted(self.batch_mesh_dims + tuple(s.mesh_dim for s in self.splits)))
+        split_dims = tuple(s.mesh_dim for s in self.splits)
+        return tuple(sorted(self.spatial.free_mesh_dims + split_dims))
 
 
 def make_plan(
@@ -53,55 +123,28 @@ def make_plan(
         return "unbatched input"
     stride, padding = expand(stride, nspatial), expand(padding, nspatial)
     dilation = expand(dilation, nspatial)
-    splits: list[DimSplit] = []
-    batch: list[int] = []
-    seen: set[int] = set()
-    mesh = x.device_mesh
-    for mesh_dim, p in enumerate(x.placements):
-        if isinstance(p, Replicate):
-            continue
-        if isinstance(p, Partial):
-            return f"Partial (unreduced) input on mesh dim {mesh_dim}"
-        if type(p) is not Shard:
-            return f"input placement {p} on mesh dim {mesh_dim}"
-        dim = p.dim % x.ndim
-        if dim == 1:
-            return "input sharded on the channel dim"
-        if dim in seen:
-            return f"input dim {dim} sharded over several mesh dims"
-        seen.add(dim)
-        if dim == 0:
-            batch.append(mesh_dim)
-            continue
-        i = dim - 2
-        splits.append(
-            DimSplit(
-                dim,
-                mesh_dim,
-                mesh.size(mesh_dim),
-                x.shape[dim],
-                weight_shape[dim],
-                stride[i],
-                padding[i],
-                dilation[i],
-            )
-        )
     out_spatial = [
         conv_out_size(x.shape[d + 2], weight_shape[d + 2], stride[d], padding[d], dilation[d])
         for d in range(nspatial)
     ]
     if min(out_spatial) < 1:
         return "empty convolution output"
-    local_padding = list(padding)
-    for s in splits:
-        local_padding[s.dim - 2] = 0
-    return ConvPlan(
-        mesh,
-        tuple(x.placements),
-        tuple(splits),
-        tuple(batch),
-        local_padding,
-        stride,
-        dilation,
-        (x.shape[0], weight_shape[0], *out_spatial),
+
+    def splitter(dim: int) -> Splitter:
+        i = dim - 2
+        args = (x.shape[dim], weight_shape[dim], stride[i], padding[i], dilation[i])
+        return lambda mesh_dim, parts: conv_split(dim, mesh_dim, parts, *args)
+
+    out_shape = (x.shape[0], weight_shape[0], *out_spatial)
+    spatial = plan_spatial(
+        x,
+        out_shape,
+        {d: splitter(d) for d in range(2, x.ndim)},
+        blocked={1: "input sharded on the channel dim"},
     )
+    if isinstance(spatial, str):
+        return spatial
+    local_padding = list(padding)
+    for s in spatial.splits:
+        local_padding[s.dim - 2] = 0
+    return ConvPlan(spatial, local_padding, stride, dilation)
