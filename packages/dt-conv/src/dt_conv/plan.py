@@ -38,15 +38,19 @@ def plan_spatial(
     out_shape: Sequence[int],
     splitters: Mapping[int, Splitter],
     blocked: Mapping[int, str] | None = None,
+    in_shape: Sequence[int] | None = None,
 ) -> SpatialPlan | str:
     """A `SpatialPlan`, or the reason the sharded path cannot be exact for this call.
 
     `splitters` names the dims the op works along; any other dim must keep its size and
-    may be sharded freely, unless `blocked` gives the reason it may not.
+    may be sharded freely, unless `blocked` gives the reason it may not. `x` gives mesh
+    and placements; `in_shape` overrides its shape (a backward op's gradient stands in
+    for the input it never receives).
     """
     if not isinstance(x, DTensor):
         return "input is not a DTensor"
     blocked = blocked or {}
+    shape = tuple(in_shape) if in_shape is not None else tuple(x.shape)
     splits: list[DimSplit] = []
     free: list[int] = []
     seen: set[int] = set()
@@ -58,7 +62,7 @@ def plan_spatial(
             return f"Partial (unreduced) input on mesh dim {mesh_dim}"
         if type(p) is not Shard:
             return f"input placement {p} on mesh dim {mesh_dim}"
-        dim = p.dim % x.ndim
+        dim = p.dim % len(shape)
         if dim in blocked:
             return blocked[dim]
         if dim in seen:
@@ -66,7 +70,7 @@ def plan_spatial(
         seen.add(dim)
         if dim in splitters:
             splits.append(splitters[dim](mesh_dim, mesh.size(mesh_dim)))
-        elif out_shape[dim] != x.shape[dim]:
+        elif out_shape[dim] != shape[dim]:
             return f"input dim {dim} changes size"
         else:
             free.append(mesh_dim)

@@ -2,26 +2,67 @@
 
 Light at import, and the hook itself imports only `torch`: the handler modules import
 `torch.distributed.tensor`, whose first import is what triggers the hook, so they load
-on the first convolution instead (importing them here would re-enter activation).
+on the first call instead (importing them here would re-enter activation).
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 from dt_core import OpHandler, hookimpl
 
+# aten op name -> "module:function" of its handler (modules of this package).
+HANDLERS = {
+    "convolution": "forward:convolution_handler",
+    "convolution_backward": "backward:convolution_backward_handler",
+    "max_pool2d_with_indices": "pooling:max_pool_with_indices",
+    "max_pool3d_with_indices": "pooling:max_pool_with_indices",
+    "max_pool2d_with_indices_backward": "pooling:max_pool_with_indices_backward",
+    "max_pool3d_with_indices_backward": "pooling:max_pool_with_indices_backward",
+    "avg_pool2d": "pooling:avg_pool",
+    "avg_pool3d": "pooling:avg_pool",
+    "avg_pool2d_backward": "pooling:avg_pool_backward",
+    "avg_pool3d_backward": "pooling:avg_pool_backward",
+    "constant_pad_nd": "padding:constant_pad",
+    **{
+        f"{mode}_pad{n}d": "padding:mode_pad"
+        for mode in ("reflection", "replication")
+        for n in (1, 2, 3)
+    },
+    **{
+        f"{mode}_pad{n}d_backward": "padding:mode_pad_backward"
+        for mode in ("reflection", "replication")
+        for n in (1, 2, 3)
+    },
+    **{
+        f"{op}{n}d": "interpolate:upsample"
+        for op in ("upsample_nearest", "_upsample_nearest_exact")
+        for n in (1, 2, 3)
+    },
+    **{
+        f"{op}{n}d_backward": "interpolate:upsample_backward"
+        for op in ("upsample_nearest", "_upsample_nearest_exact")
+        for n in (1, 2, 3)
+    },
+    "upsample_linear1d": "interpolate:upsample",
+    "upsample_bilinear2d": "interpolate:upsample",
+    "upsample_trilinear3d": "interpolate:upsample",
+    "upsample_linear1d_backward": "interpolate:upsample_backward",
+    "upsample_bilinear2d_backward": "interpolate:upsample_backward",
+    "upsample_trilinear3d_backward": "interpolate:upsample_backward",
+}
 
-def _convolution(op_call: Any, args: tuple, kwargs: dict) -> object:
-    from dt_conv.forward import convolution_handler
 
-    return convolution_handler(op_call, args, kwargs)
+def _lazy(target: str) -> Callable[..., object]:
+    module, name = target.split(":")
 
+    def handler(op_call: Any, args: tuple, kwargs: dict) -> object:
+        return getattr(importlib.import_module(f"dt_conv.{module}"), name)(op_call, args, kwargs)
 
-def _convolution_backward(op_call: Any, args: tuple, kwargs: dict) -> object:
-    from dt_conv.backward import convolution_backward_handler
-
-    return convolution_backward_handler(op_call, args, kwargs)
+    handler.__qualname__ = handler.__name__ = f"{module}_{name}"
+    return handler
 
 
 @hookimpl
@@ -29,7 +70,4 @@ def dt_op_handlers() -> list[OpHandler]:
     import torch
 
     aten = torch.ops.aten
-    return [
-        OpHandler(aten.convolution.default, _convolution),
-        OpHandler(aten.convolution_backward.default, _convolution_backward),
-    ]
+    return [OpHandler(getattr(aten, op).default, _lazy(t)) for op, t in HANDLERS.items()]

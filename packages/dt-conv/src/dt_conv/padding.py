@@ -1,0 +1,118 @@
+"""`F.pad` on sharded dims: constant (also negative, i.e. cropping), reflect, replicate.
+
+Padded output rows are owned by the chunk rule of the padded size, so the result is a
+proper `Shard` DTensor; each rank's window is its output rows read as virtual input
+rows, which the halo exchange fills with the padding mode (reflected or clamped rows
+may come from a neighbour on thin shards). Unsharded dims are padded by torch's own op.
+Circular padding is composite in torch (slices and copies), which DTensor already runs
+exactly by gathering; it never reaches these handlers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from . import spatial
+from .geometry import Affine, DimSplit, Fill
+from .plan import Splitter, plan_spatial
+from .wrap import bind
+
+
+def _pairs(pad: Sequence[int], ndim: int) -> dict[int, tuple[int, int]]:
+    """{tensor dim: (left, right)} from torch's last-dim-first pad list."""
+    return {ndim - 1 - i: (pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)}
+
+
+def _window_op(
+    x: DTensor,
+    in_shape: Sequence[int],
+    pad: Sequence[int],
+    fill: Fill,
+    local_pad: object,
+    local_vjp: object,
+    value: float = 0.0,
+) -> spatial.WindowOp | str:
+    ndim = len(in_shape)
+    if len(pad) % 2 or len(pad) // 2 > ndim:
+        return "malformed padding"
+    pairs = _pairs(pad, ndim)
+    out_shape = list(in_shape)
+    for dim, (left, right) in pairs.items():
+        out_shape[dim] = in_shape[dim] + left + right
+        if out_shape[dim] < 0:
+            return "negative output size"
+        if fill == "reflect" and max(left, right) >= in_shape[dim]:
+            return "reflect padding not smaller than the input"
+        if fill != "constant" and (min(left, right) < 0 or in_shape[dim] == 0):
+            return "negative or empty non-constant padding"
+
+    def splitter(dim: int) -> Splitter:
+        left, _ = pairs[dim]
+        reach = Affine(1, -left, 1)
+        return lambda mesh_dim, parts: DimSplit(
+            dim, mesh_dim, parts, in_shape[dim], out_shape[dim], reach, fill
+        )
+
+    plan = plan_spatial(x, out_shape, {d: splitter(d) for d in pairs}, in_shape=in_shape)
+    if isinstance(plan, str):
+        return plan
+    sharded = {s.dim for s in plan.splits}
+    rest = list(pad)
+    for dim in sharded:
+        i = ndim - 1 - dim
+        rest[2 * i] = rest[2 * i + 1] = 0
+
+    def local(window: torch.Tensor) -> torch.Tensor:
+        return local_pad(window, rest) if any(rest) else window.clone()  # type: ignore[operator]
+
+    def vjp(window: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        return local_vjp(grad, window, rest) if any(rest) else grad  # type: ignore[operator]
+
+    return spatial.WindowOp(plan, local, vjp, fill_value=value)
+
+
+def constant_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    x, pad, value = bind(op_call, args, kwargs)
+    value = float(value) if value is not None else 0.0
+
+    def local(t: torch.Tensor, rest: list[int]) -> torch.Tensor:
+        return op_call(t, rest, value)
+
+    def vjp(grad: torch.Tensor, window: torch.Tensor, rest: list[int]) -> torch.Tensor:
+        return op_call(grad, [-p for p in rest], 0.0)
+
+    op = _window_op(x, x.shape, pad, "constant", local, vjp, value)
+    if isinstance(op, str):
+        return spatial.fallback(op_call.__name__, op, op_call, [x, pad, value], x)
+    return spatial.forward(op, x)
+
+
+def _mode(name: str) -> Fill:
+    return "reflect" if name.startswith("reflection") else "replicate"
+
+
+def mode_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    x, pad = bind(op_call, args, kwargs)
+    op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(op_call))
+    if isinstance(op, str):
+        return spatial.fallback(op_call.__name__, op, op_call, [x, pad], x)
+    return spatial.forward(op, x)
+
+
+def mode_pad_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    grad, x, pad = bind(op_call, args, kwargs)
+    forward_op = getattr(torch.ops.aten, op_call.__name__.split(".")[0].replace("_backward", ""))
+    op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(forward_op.default))
+    if isinstance(op, str):
+        return spatial.fallback(op_call.__name__, op, op_call, [grad, x, pad], x)
+    return spatial.backward(op, grad, None, x.shape)
+
+
+def _torch_pad(op: torch._ops.OpOverload) -> tuple[object, object]:
+    """torch's own pad op and its backward kernel, for the unsharded dims."""
+    name = op.__name__.split(".")[0]
+    back = getattr(torch.ops.aten, f"{name}_backward").default
+    return (lambda t, rest: op(t, rest)), (lambda g, window, rest: back(g, window, rest))

@@ -1,0 +1,231 @@
+"""Max and average pooling (2-D and 3-D aten ops; 1-D reaches them unsqueezed).
+
+Pooling windows are convolution windows, so a sharded dim exchanges the same halos; the
+window is filled with -inf (max) or zeros (average) where torch pads implicitly. The
+average divides window sums by torch's own divisor, computed per dim from global
+positions (it is a product over dims), so edge windows divide exactly as unsharded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from . import spatial
+from .geometry import conv_split, expand
+from .halo import gather_window
+from .plan import SpatialPlan, Splitter, plan_spatial
+from .wrap import as_dtensor, bind
+
+aten = torch.ops.aten
+
+
+def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """torch's pooling output length (a window may not start in the right padding)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _plan(
+    x: DTensor, n: int, kernel: list, stride: list, padding: list, dilation: list, ceil: bool
+) -> SpatialPlan | str:
+    if x.ndim != n + 2:
+        return "unbatched input"
+    first = x.ndim - n
+    sizes = [
+        pool_out_size(x.shape[first + i], kernel[i], stride[i], padding[i], dilation[i], ceil)
+        for i in range(n)
+    ]
+    if min(sizes) < 1:
+        return "empty pooling output"
+
+    def splitter(i: int) -> Splitter:
+        dim = first + i
+        args = (x.shape[dim], kernel[i], stride[i], padding[i], dilation[i], sizes[i])
+        return lambda mesh_dim, parts: conv_split(dim, mesh_dim, parts, *args)
+
+    out_shape = (*x.shape[:first], *sizes)
+    return plan_spatial(x, out_shape, {first + i: splitter(i) for i in range(n)})
+
+
+def _args(n: int, kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int]) -> tuple:
+    kernel = expand(kernel, n)
+    stride = expand(stride, n) if len(stride) else list(kernel)
+    return kernel, stride, expand(padding, n)
+
+
+def _local_padding(plan: SpatialPlan, padding: list[int], n: int, ndim: int) -> list[int]:
+    local = list(padding)
+    for s in plan.splits:
+        local[s.dim - (ndim - n)] = 0
+    return local
+
+
+# ---- max pooling -------------------------------------------------------------------
+
+
+def _max_op(x: DTensor, n: int, args: list) -> spatial.WindowOp | str:
+    kernel, stride, padding = _args(n, args[1], args[2], args[3])
+    dilation, ceil = expand(args[4], n), bool(args[5])
+    plan = _plan(x, n, kernel, stride, padding, dilation, ceil)
+    if isinstance(plan, str):
+        return plan
+    pool = aten.max_pool2d_with_indices if n == 2 else aten.max_pool3d_with_indices
+    pad = _local_padding(plan, padding, n, x.ndim)
+
+    back = (
+        aten.max_pool2d_with_indices_backward if n == 2 else aten.max_pool3d_with_indices_backward
+    )
+
+    def local(window: torch.Tensor) -> torch.Tensor:
+        return pool(window, kernel, stride, pad, dilation, ceil)[0]
+
+    def vjp(window: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        indices = pool(window, kernel, stride, pad, dilation, ceil)[1]
+        return back(grad, window, kernel, stride, pad, dilation, ceil, indices)
+
+    return spatial.WindowOp(plan, local, vjp, fill_value=-math.inf, grad_reads_input=True)
+
+
+def max_pool_with_indices(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    """Values and global flat indices, both laid out like the input."""
+    values = bind(op_call, args, kwargs)
+    x, n = values[0], 2 if "2d" in op_call.__name__ else 3
+    op = _max_op(x, n, values)
+    if isinstance(op, str):
+        return spatial.fallback(op_call.__name__, op, op_call, values, x)
+    out = spatial.forward(op, x)
+    return out, _global_indices(op, x, out, values, n)
+
+
+def _global_indices(
+    op: spatial.WindowOp, x: DTensor, out: DTensor, values: list, n: int
+) -> DTensor:
+    """Recompute the argmax on the window and map window coordinates to global ones."""
+    plan = op.plan
+    kernel, stride, padding = _args(n, values[1], values[2], values[3])
+    dilation, ceil = expand(values[4], n), bool(values[5])
+    pool = aten.max_pool2d_with_indices if n == 2 else aten.max_pool3d_with_indices
+    pad = _local_padding(plan, padding, n, x.ndim)
+    with torch.no_grad():
+        local = x.to_local()
+        window = local
+        for split in plan.splits:
+            window = gather_window(window, split, plan.mesh, -math.inf)
+        first = x.ndim - n
+        if window.numel() == 0 or out.to_local().numel() == 0:
+            idx = torch.zeros(out.to_local().shape, dtype=torch.int64, device=local.device)
+        else:
+            idx = pool(window, kernel, stride, pad, dilation, ceil)[1]
+            win_sizes = window.shape[first:]
+            offsets = [0] * n
+            for s in plan.splits:
+                offsets[s.dim - first] = s.needed(plan.local_rank(s))[0]
+            flat = torch.zeros_like(idx)
+            rest = idx
+            coords = []
+            for size in reversed(win_sizes):
+                coords.append(rest % size)
+                rest = rest // size
+            coords.reverse()
+            for i in range(n):
+                flat = flat * x.shape[first + i] + coords[i] + offsets[i]
+            idx = flat
+    return as_dtensor(idx, plan.mesh, plan.placements, out.shape)
+
+
+def max_pool_with_indices_backward(
+    op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
+) -> object:
+    values = bind(op_call, args, kwargs)
+    grad_out, x = values[0], values[1]
+    n = 2 if "2d" in op_call.__name__ else 3
+    op = _max_op(x, n, [x, *values[2:7]])
+    if isinstance(op, str):
+        return spatial.fallback(op_call.__name__, op, op_call, values, x)
+    return spatial.backward(op, grad_out, x, x.shape)
+
+
+# ---- average pooling -----------------------------------------------------------------
+
+
+def _divisors(size: int, out: int, k: int, s: int, p: int, include_pad: bool) -> list[int]:
+    """torch's per-dim divisor factor of each output row (product over dims = divisor)."""
+    result = []
+    for o in range(out):
+        start = o * s - p
+        end = min(start + k, size + p)
+        if not include_pad:
+            start, end = max(start, 0), min(end, size)
+        result.append(end - start)
+    return result
+
+
+def _avg_op(x: DTensor, n: int, values: list) -> spatial.WindowOp | str:
+    kernel, stride, padding = _args(n, values[1], values[2], values[3])
+    ceil, include_pad, override = bool(values[4]), bool(values[5]), values[6]
+    plan = _plan(x, n, kernel, stride, padding, [1] * n, ceil)
+    if isinstance(plan, str):
+        return plan
+    pool = aten.avg_pool2d if n == 2 else aten.avg_pool3d
+    pad = _local_padding(plan, padding, n, x.ndim)
+    first = x.ndim - n
+    owned = {s.dim: s.owned_out(plan.local_rank(s)) for s in plan.splits}
+    divisor = None
+    if override is None:
+        factors = []
+        for i in range(n):
+            dim = first + i
+            rows = _divisors(
+                x.shape[dim], plan.out_shape[dim], kernel[i], stride[i], padding[i], include_pad
+            )
+            lo, hi = owned.get(dim, (0, len(rows)))
+            shape = [1] * x.ndim
+            shape[dim] = hi - lo
+            factors.append((rows[lo:hi], shape))
+        divisor = factors
+
+    back = aten.avg_pool2d_backward if n == 2 else aten.avg_pool3d_backward
+
+    def divide_by(t: torch.Tensor) -> torch.Tensor:
+        d = torch.ones((), dtype=t.dtype, device=t.device)
+        for rows, shape in divisor or ():
+            d = d * torch.tensor(rows, dtype=t.dtype, device=t.device).reshape(shape)
+        return t / d
+
+    def local(window: torch.Tensor) -> torch.Tensor:
+        if override is not None:
+            return pool(window, kernel, stride, pad, ceil, True, override)
+        return divide_by(pool(window, kernel, stride, pad, ceil, True, 1))
+
+    def vjp(window: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        if override is not None:
+            return back(grad, window, kernel, stride, pad, ceil, True, override)
+        return back(divide_by(grad), window, kernel, stride, pad, ceil, True, 1)
+
+    return spatial.WindowOp(plan, local, vjp, fill_value=0.0)
+
+
+def avg_pool(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    values = bind(op_call, args, kwargs)
+    x, n = values[0], 2 if "2d" in op_call.__name__ else 3
+    op = _avg_op(x, n, values)
+    if isinstance(op, str):
+        return spatial.fallback(op_call.__name__, op, op_call, values, x)
+    return spatial.forward(op, x)
+
+
+def avg_pool_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    values = bind(op_call, args, kwargs)
+    grad_out, x = values[0], values[1]
+    n = 2 if "2d" in op_call.__name__ else 3
+    op = _avg_op(x, n, [x, *values[2:8]])
+    if isinstance(op, str):
+        return spatial.fallback(op_call.__name__, op, op_call, values, x)
+    return spatial.backward(op, grad_out, None, x.shape)

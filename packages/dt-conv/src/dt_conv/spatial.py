@@ -1,0 +1,136 @@
+"""Run a window-local op on sharded DTensors: halo exchange, local compute, adjoint.
+
+Pooling, interpolation and padding all follow one recipe: gather each sharded dim's
+window (`halo.gather_window`), compute the op on the window with its own arguments
+along the other dims, and wrap the owned output rows. Their backward ops apply the local
+op's adjoint to the window (torch's own backward kernels where there is one) and send
+the window gradient home (`halo.scatter_add_window`). Handlers run below autograd, so
+the adjoint is explicit rather than recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate
+
+from .fallback import replicated, target_placements, warn_fallback
+from .halo import gather_window, scatter_add_window
+from .plan import SpatialPlan
+from .wrap import as_dtensor
+
+LocalFn = Callable[[torch.Tensor], torch.Tensor]
+LocalVjp = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (window, grad) -> grad
+
+
+@dataclass(frozen=True)
+class WindowOp:
+    """A planned op: `local(window)` computes this rank's output block from its window."""
+
+    plan: SpatialPlan
+    local: LocalFn
+    vjp: LocalVjp
+    fill_value: float = 0.0
+    grad_reads_input: bool = False  # max pooling: its gradient depends on the values
+
+
+def _local_shape(plan: SpatialPlan, shape: Sequence[int], local: Sequence[int]) -> list[int]:
+    """This rank's block of a tensor with global `shape` laid out like the input."""
+    out = list(shape)
+    for mesh_dim in plan.free_mesh_dims:
+        dim = plan.placements[mesh_dim].dim % len(shape)
+        out[dim] = local[dim]
+    for s in plan.splits:
+        lo, hi = s.owned_out(plan.local_rank(s))
+        out[s.dim] = hi - lo
+    return out
+
+
+def _window_shape(plan: SpatialPlan, local: Sequence[int]) -> list[int]:
+    shape = list(local)
+    for s in plan.splits:
+        lo, hi = s.needed(plan.local_rank(s))
+        shape[s.dim] = hi - lo
+    return shape
+
+
+def _window(op: WindowOp, local: torch.Tensor) -> torch.Tensor:
+    for split in op.plan.splits:
+        local = gather_window(local, split, op.plan.mesh, op.fill_value)
+    return local
+
+
+def forward(op: WindowOp, x: DTensor) -> DTensor:
+    """The op's output as a DTensor laid out like `x` (owned rows by the chunk rule)."""
+    plan = op.plan
+    with torch.no_grad():
+        local = x.to_local()
+        window = _window(op, local)
+        shape = _local_shape(plan, plan.out_shape, local.shape)
+        if window.numel() == 0 or 0 in shape:
+            out = window.new_zeros(shape)
+        else:
+            out = op.local(window)
+    return as_dtensor(out, plan.mesh, plan.placements, plan.out_shape)
+
+
+def backward(
+    op: WindowOp, grad_out: DTensor, x: DTensor | None, in_shape: Sequence[int]
+) -> DTensor:
+    """Gradient of `forward` w.r.t. its input, laid out like the input.
+
+    `x` is the input when the gradient reads its values (`grad_reads_input`).
+    """
+    plan = op.plan
+    g = grad_out.redistribute(plan.mesh, plan.placements).to_local()
+    local_in = _local_shape_in(plan, in_shape, g)
+    with torch.no_grad():
+        if op.grad_reads_input and x is not None:
+            window = _window(op, x.to_local())
+        else:  # linear ops: the window's values do not matter
+            window = g.new_zeros(_window_shape(plan, local_in))
+    with torch.no_grad():
+        if window.numel() == 0 or g.numel() == 0:
+            grad_window = window.new_zeros(window.shape)
+        else:
+            grad_window = op.vjp(window, g)
+        for split in reversed(plan.splits):
+            grad_window = scatter_add_window(grad_window, split, plan.mesh)
+    return as_dtensor(grad_window, plan.mesh, plan.placements, in_shape)
+
+
+def _local_shape_in(plan: SpatialPlan, in_shape: Sequence[int], g: torch.Tensor) -> list[int]:
+    """This rank's input block, from the gradient's block and global shapes."""
+    shape = list(in_shape)
+    for mesh_dim in plan.free_mesh_dims:
+        dim = plan.placements[mesh_dim].dim % len(in_shape)
+        shape[dim] = g.shape[dim]
+    for s in plan.splits:
+        lo, hi = s.owned_in(plan.local_rank(s))
+        shape[s.dim] = hi - lo
+    return shape
+
+
+def fallback(
+    name: str, reason: str, op_call: Callable[..., object], args: list, like: DTensor
+) -> object:
+    """Compute on replicated inputs (exact), warn once, return laid out like `like`."""
+    warn_fallback(name, reason)
+    mesh = like.device_mesh
+    local = [replicated(a).to_local() if isinstance(a, DTensor) else a for a in args]
+    out = op_call(*local)
+    rep = [Replicate()] * mesh.ndim
+    target = target_placements(tuple(like.placements))
+
+    def wrap(t: object) -> object:
+        if not isinstance(t, torch.Tensor):
+            return t
+        full = as_dtensor(t, mesh, rep, t.shape)
+        same_rank = all(p.dim < t.ndim for p in target if hasattr(p, "dim"))
+        return full.redistribute(mesh, target) if same_rank else full
+
+    if isinstance(out, tuple):
+        return tuple(wrap(t) for t in out)
+    return wrap(out)

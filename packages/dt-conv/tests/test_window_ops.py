@@ -1,0 +1,215 @@
+"""Sharded pooling, interpolation and padding equal the same ops on one process.
+
+Values and input gradients in float64 against plain torch on the full tensor; the output
+must keep the input's sharding (nothing gathered) and no case may fall back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from dt_core.testing import cpu_mesh
+
+Op = Callable[[torch.Tensor], Any]
+
+
+def check(
+    mesh: Any, placements: list, shape: tuple, fn: Op, name: str, keep: bool = True
+) -> str | None:
+    """One case sharded and unsharded; a description of any mismatch, else None."""
+    from torch.distributed.tensor import distribute_tensor
+
+    gen = torch.Generator().manual_seed(len(name) + sum(shape))
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    ref_in = x.clone().requires_grad_()
+    ref = fn(ref_in)
+    extra = ref[1:] if isinstance(ref, tuple) else ()
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    g = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    (ref * g).sum().backward()
+
+    xd = distribute_tensor(x, mesh, placements).requires_grad_()
+    out = fn(xd)
+    got_extra = out[1:] if isinstance(out, tuple) else ()
+    y = out[0] if isinstance(out, tuple) else out
+    case = f"{name} {placements} {shape}"
+    if keep and tuple(y.placements) != tuple(placements):
+        return f"output placements {y.placements}: {case}"
+    if y.shape != ref.shape or not torch.allclose(y.full_tensor(), ref):
+        return f"forward differs: {case}"
+    for want, got in zip(extra, got_extra, strict=True):
+        if not torch.equal(got.full_tensor(), want):
+            return f"indices differ: {case}"
+    (y * distribute_tensor(g, mesh, list(y.placements))).sum().backward()
+    if xd.grad is None or not torch.allclose(xd.grad.full_tensor(), ref_in.grad):
+        return f"grad differs: {case}"
+    return None
+
+
+def run_cases(mesh: Any, cases: list[tuple]) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        failures = [f for c in cases if (f := check(mesh, *c)) is not None]
+    fell_back = sorted({str(w.message) for w in caught if "dt-conv" in str(w.message)})
+    assert not fell_back, fell_back
+    assert not failures, f"{len(failures)}/{len(cases)} cases wrong:\n" + "\n".join(failures)
+
+
+def pad_cases(shapes: list[tuple], placements: list) -> list[tuple]:
+    cases = []
+    for shape, pl in itertools.product(shapes, placements):
+        n = len(shape) - 2
+        for mode, pads in itertools.product(
+            ("constant", "reflect", "replicate"), ((1, 2), (0, 3), (2, 0), (3, 1))
+        ):
+            pad = list(pads) * n
+            fn = (lambda p, m: lambda t: F.pad(t, p, mode=m))(pad, mode)
+            cases.append((pl, shape, fn, f"pad {mode} {pad}"))
+        crop = [-1, 2] * n
+        cases.append((pl, shape, lambda t, c=crop: F.pad(t, c, value=1.5), f"pad crop {crop}"))
+    return cases
+
+
+@pytest.mark.ranks(2)
+def test_pad_modes_on_2_ranks() -> None:
+    from torch.distributed.tensor import Shard
+
+    mesh = cpu_mesh(2)
+    cases = pad_cases([(2, 3, 9), (1, 2, 5)], [[Shard(2)]])
+    cases += pad_cases([(2, 2, 7, 6), (1, 2, 4, 5)], [[Shard(2)], [Shard(3)], [Shard(0)]])
+    cases += pad_cases([(1, 2, 5, 4, 6)], [[Shard(2)], [Shard(4)]])
+    run_cases(mesh, cases)
+
+
+@pytest.mark.ranks(4)
+def test_pad_modes_thin_shards_and_2x2_mesh() -> None:
+    from torch.distributed.tensor import Shard
+
+    cases = pad_cases([(1, 2, 5, 6), (2, 1, 7, 4)], [[Shard(2)], [Shard(3)]])
+    run_cases(cpu_mesh(4), cases)
+    cases = pad_cases([(2, 2, 7, 6)], [[Shard(2), Shard(3)], [Shard(3), Shard(0)]])
+    run_cases(cpu_mesh((2, 2)), cases)
+
+
+def pool_cases(shape: tuple, placements: list) -> list[tuple]:
+    n = len(shape) - 2
+    maxp = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[n]
+    avgp = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[n]
+    cases = []
+    for pl, k, s, p, ceil in itertools.product(
+        placements, (2, 3), (1, 2, 3), (0, 1), (False, True)
+    ):
+        if p > k // 2:
+            continue
+        for d in (1, 2):
+            kw = {"kernel_size": k, "stride": s, "padding": p, "dilation": d, "ceil_mode": ceil}
+            cases.append(
+                (pl, shape, lambda t, kw=kw: maxp(t, return_indices=True, **kw), f"max {kw}")
+            )
+        for inc in (True, False):
+            kw = {
+                "kernel_size": k,
+                "stride": s,
+                "padding": p,
+                "ceil_mode": ceil,
+                "count_include_pad": inc,
+            }
+            cases.append((pl, shape, lambda t, kw=kw: avgp(t, **kw), f"avg {kw}"))
+        if n > 1:
+            kw = {"kernel_size": k, "stride": s, "padding": p, "divisor_override": 3}
+            cases.append((pl, shape, lambda t, kw=kw: avgp(t, **kw), f"avg {kw}"))
+    return cases
+
+
+@pytest.mark.ranks(2)
+def test_pooling_on_2_ranks() -> None:
+    from torch.distributed.tensor import Shard
+
+    mesh = cpu_mesh(2)
+    cases = pool_cases((2, 2, 11), [[Shard(2)]])
+    cases += pool_cases((1, 2, 9, 8), [[Shard(2)], [Shard(3)], [Shard(1)]])
+    cases += pool_cases((1, 1, 7, 5, 6), [[Shard(3)]])
+    run_cases(mesh, cases)
+
+
+@pytest.mark.ranks(4)
+def test_pooling_thin_shards_and_2x2_mesh() -> None:
+    from torch.distributed.tensor import Shard
+
+    run_cases(cpu_mesh(4), pool_cases((1, 2, 7, 6), [[Shard(2)]]))
+    run_cases(cpu_mesh((2, 2)), pool_cases((2, 1, 9, 7), [[Shard(2), Shard(3)]]))
+
+
+def interp_cases(shape: tuple, placements: list) -> list[tuple]:
+    n = len(shape) - 2
+    linear = {1: "linear", 2: "bilinear", 3: "trilinear"}[n]
+    cases = []
+    for pl, mode in itertools.product(placements, ("nearest", "nearest-exact", linear)):
+        aligns = (False, True) if mode == linear else (None,)
+        for align, how in itertools.product(aligns, ("x2", "x1.5", "size_up", "size_down")):
+            kw: dict[str, Any] = {"mode": mode, "align_corners": align}
+            if how == "x2":
+                kw["scale_factor"] = 2
+            elif how == "x1.5":
+                kw["scale_factor"] = 1.5
+            else:
+                grow = 3 if how == "size_up" else -2
+                kw["size"] = tuple(max(1, s + grow) for s in shape[2:])
+            cases.append((pl, shape, lambda t, kw=kw: F.interpolate(t, **kw), f"interp {kw}"))
+    return cases
+
+
+@pytest.mark.ranks(2)
+def test_interpolate_on_2_ranks() -> None:
+    from torch.distributed.tensor import Shard
+
+    mesh = cpu_mesh(2)
+    cases = interp_cases((2, 2, 9), [[Shard(2)]])
+    cases += interp_cases((1, 2, 7, 6), [[Shard(2)], [Shard(3)], [Shard(0)]])
+    cases += interp_cases((1, 1, 5, 4, 6), [[Shard(4)]])
+    run_cases(mesh, cases)
+
+
+@pytest.mark.ranks(4)
+def test_interpolate_thin_shards_and_2x2_mesh() -> None:
+    from torch.distributed.tensor import Shard
+
+    run_cases(cpu_mesh(4), interp_cases((1, 2, 6, 5), [[Shard(2)], [Shard(3)]]))
+    run_cases(cpu_mesh((2, 2)), interp_cases((2, 1, 7, 6), [[Shard(3), Shard(2)]]))
+
+
+@pytest.mark.ranks(2)
+def test_conv_padding_modes_through_nn_conv() -> None:
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.func import functional_call
+
+    mesh = cpu_mesh(2)
+
+    def as_fn(conv: torch.nn.Module) -> Op:
+        def fn(t: torch.Tensor) -> torch.Tensor:
+            if not isinstance(t, DTensor):
+                return conv(t)
+            params = {
+                k: distribute_tensor(v.detach(), mesh, [Replicate()])
+                for k, v in conv.named_parameters()
+            }
+            return functional_call(conv, params, (t,))
+
+        return fn
+
+    cases = []
+    for mode, n in itertools.product(("zeros", "reflect", "replicate", "circular"), (1, 2, 3)):
+        conv_cls = {1: torch.nn.Conv1d, 2: torch.nn.Conv2d, 3: torch.nn.Conv3d}[n]
+        torch.manual_seed(n)
+        conv = conv_cls(2, 3, 3, padding=1, padding_mode=mode).double()
+        shape = (2, 2, *([7, 6, 5][:n]))
+        for dim in range(2, n + 2):
+            # circular padding is composite in torch: exact, but DTensor gathers it
+            cases.append(([Shard(dim)], shape, as_fn(conv), f"{mode}", mode != "circular"))
+    run_cases(mesh, cases)
