@@ -12,38 +12,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
+from dt_conv.demo import TinyUNet
 from dt_core.testing import cpu_mesh
 from torch import nn
-
-
-class Block(nn.Sequential):
-    def __init__(self, cin: int, cout: int, mode: str) -> None:
-        super().__init__(
-            nn.Conv2d(cin, cout, 3, padding=1, padding_mode=mode),
-            nn.ReLU(),
-            nn.Conv2d(cout, cout, 3, padding=1),
-            nn.ReLU(),
-        )
-
-
-class TinyUNet(nn.Module):
-    """Two levels: down by max pooling, up by bilinear interpolation, skip by concat."""
-
-    def __init__(self, mode: str = "zeros") -> None:
-        super().__init__()
-        self.enc1, self.enc2 = Block(2, 4, mode), Block(4, 8, mode)
-        self.dec1 = Block(12, 4, mode)
-        self.head = nn.Conv2d(4, 1, 1)
-
-    def forward(self, x: torch.Tensor, trace: list | None = None) -> torch.Tensor:
-        e1 = self.enc1(x)
-        e2 = self.enc2(F.max_pool2d(e1, 2))
-        up = F.interpolate(e2, size=e1.shape[-2:], mode="bilinear", align_corners=False)
-        d1 = self.dec1(torch.cat([e1, up], dim=1))
-        if trace is not None:
-            trace.extend([e1, e2, up, d1])
-        return self.head(d1)
 
 
 def step(model: nn.Module, x: torch.Tensor, target: torch.Tensor, trace: list | None = None):
@@ -104,3 +75,15 @@ def test_unet_training_step_on_a_2x2_mesh() -> None:
 
     check_unet(cpu_mesh((2, 2)), [Shard(2), Shard(3)], (1, 2, 12, 12), "zeros")
     check_unet(cpu_mesh((2, 2)), [Shard(0), Shard(3)], (2, 2, 8, 12), "reflect")
+
+
+def test_demo_stage_matches_its_reference(dist_world) -> None:
+    def body() -> dict:
+        from dt_conv.demo import run_stage
+
+        return run_stage(small=True)
+
+    results = dist_world(2).run(body)
+    assert results[0] == results[1]
+    assert results[0]["ok"], results[0]
+    assert results[0]["bytes_communicated"] > 0

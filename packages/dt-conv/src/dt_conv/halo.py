@@ -19,6 +19,10 @@ from .geometry import DimSplit
 
 FILL, OWN = -1, -2  # segment sources besides "received buffer k"
 
+# Bytes this process has sent in halo exchanges (both directions of autograd); the demo
+# and benchmarks read it to report traffic.
+traffic = {"bytes_sent": 0}
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -101,6 +105,9 @@ def _select(t: torch.Tensor, dim: int, rows: tuple[int, ...]) -> torch.Tensor:
 
 
 def _run(ops: list[dist.P2POp]) -> None:
+    for op in ops:
+        if op.op is dist.isend:
+            traffic["bytes_sent"] += op.tensor.numel() * op.tensor.element_size()
     if ops:
         for req in dist.batch_isend_irecv(ops):
             req.wait()

@@ -1,0 +1,171 @@
+"""dt-conv benchmark: fwd+bwd of a stack of 3x3 convs on a spatially sharded image, 2 ranks.
+
+Against, in the same run: (a) all-gather the image, then the unsharded convs on every
+rank (what a user does without the plugin), and (b) the convs on the local shard alone,
+with no communication (wrong at the seams; the limit). Also the bytes each rank sends
+per conv against an all-gather's. Writes the JSON the report tool reads.
+
+    python packages/dt-conv/benchmarks/run.py [--quick] --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+LAYERS, CHANNELS, RANKS = 4, 32, 2
+
+
+def _timed(fn: Any, reps: int) -> float:
+    import torch.distributed as dist
+
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(size: int, reps: int) -> dict[str, float]:
+    """Runs on every rank: seconds per fwd+bwd step of each variant, and bytes per conv."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from dt_conv.halo import exchange_plan
+    from dt_conv.plan import make_plan
+    from dt_core.testing import cpu_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = cpu_mesh(RANKS)
+    gen = torch.Generator().manual_seed(0)
+    image = torch.randn(1, CHANNELS, size, size, generator=gen)
+    weights = [torch.randn(CHANNELS, CHANNELS, 3, 3, generator=gen) * 0.05 for _ in range(LAYERS)]
+    wd = [distribute_tensor(w, mesh, [Replicate()]).requires_grad_() for w in weights]
+    wl = [w.clone().requires_grad_() for w in weights]
+    xd = distribute_tensor(image, mesh, [Shard(2)]).requires_grad_()
+
+    def stack(x: Any, ws: list) -> Any:
+        for w in ws:
+            x = F.conv2d(x, w, padding=1)
+        return x
+
+    def halo() -> None:
+        stack(xd, wd).to_local().sum().backward()
+
+    def gathered() -> None:
+        full = xd.detach().full_tensor().requires_grad_()
+        stack(full, wl).sum().backward()
+
+    local_shard = xd.detach().to_local().clone().requires_grad_()
+
+    def local_only() -> None:
+        stack(local_shard, wl).sum().backward()
+
+    result = {
+        "halo_s": _timed(halo, reps),
+        "gather_s": _timed(gathered, reps),
+        "local_s": _timed(local_only, reps),
+    }
+    plan = make_plan(xd, weights[0].shape, [1, 1], [1, 1], [1, 1], False)
+    split = plan.splits[0]
+    rows = sum(len(r) for _, r in exchange_plan(split, dist.get_rank()).sends)
+    result["halo_bytes"] = float(rows * CHANNELS * size * image.element_size())
+    shard_bytes = local_shard.numel() * image.element_size()
+    result["allgather_bytes"] = float(shard_bytes * (RANKS - 1))
+    return result
+
+
+def run(quick: bool) -> dict[str, Any]:
+    from dt_core.testing import get_world, shutdown_worlds
+
+    main = 256 if quick else 1024
+    sizes = [64, 128, 256] if quick else [128, 256, 512, 1024]
+    reps = 2 if quick else 3
+    world = get_world(RANKS)
+    try:
+        per_size = {}
+        for size in sorted(set(sizes) | {main}):
+            ranks = world.run(measure, size, reps)
+            per_size[size] = {k: max(r[k] for r in ranks) for k in ranks[0]}
+    finally:
+        shutdown_worlds()
+    m = per_size[main]
+    shape = f"1x{CHANNELS}x{main}x{main}, {LAYERS} convs 3x3, fp32, {RANKS} ranks"
+    rows = [
+        {
+            "name": "halo conv vs gather-then-conv",
+            "metric": "fwd+bwd step time",
+            "value": m["halo_s"],
+            "baseline": "all-gather the image, unsharded convs on every rank",
+            "baseline_value": m["gather_s"],
+            "ratio": m["gather_s"] / m["halo_s"],
+            "target": ">= 1.5x faster",
+            "unit": "s",
+            "notes": shape,
+        },
+        {
+            "name": "halo conv vs local-only conv (the limit)",
+            "metric": "fwd+bwd step time",
+            "value": m["halo_s"],
+            "baseline": "convs on the local shard, no communication",
+            "baseline_value": m["local_s"],
+            "ratio": m["halo_s"] / m["local_s"],
+            "target": "<= 1.2x slower",
+            "unit": "s",
+            "notes": shape,
+        },
+        {
+            "name": "bytes sent per conv per rank",
+            "metric": "halo bytes vs all-gather bytes",
+            "value": m["halo_bytes"],
+            "baseline": "all-gather of the image",
+            "baseline_value": m["allgather_bytes"],
+            "ratio": m["halo_bytes"] / m["allgather_bytes"],
+            "target": "small fraction",
+            "unit": "bytes",
+            "notes": shape,
+        },
+    ]
+    xs = sorted(per_size)
+    series = [
+        {
+            "title": f"dt-conv: fwd+bwd of {LAYERS} 3x3 convs, {CHANNELS} ch, {RANKS} ranks",
+            "x_label": "image side (pixels)",
+            "y_label": "seconds per step",
+            "x": xs,
+            "lines": {
+                "halo exchange (dt-conv)": [per_size[s]["halo_s"] for s in xs],
+                "all-gather then conv": [per_size[s]["gather_s"] for s in xs],
+                "local shard only (limit)": [per_size[s]["local_s"] for s in xs],
+            },
+            "log_x": True,
+            "log_y": True,
+        }
+    ]
+    return {"package": "dt-conv", "rows": rows, "series": series}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, < 1 minute")
+    parser.add_argument("--json", required=True, help="where to write the results")
+    args = parser.parse_args()
+    result = run(args.quick)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    for row in result["rows"]:
+        print(
+            f"{row['name']}: {row['value']:.4g} vs {row['baseline_value']:.4g} "
+            f"-> ratio {row['ratio']:.3f} (target {row['target']})"
+        )
+
+
+if __name__ == "__main__":
+    main()
