@@ -1,0 +1,52 @@
+"""The demo (tools/demo.py) runs under torchrun at a small size, and its exit code says
+whether every stage matched its reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = {
+    "dt-conv": "dt_conv",
+    "dt-cp": "dt_cp",
+    "dt-symm-mem": "dt_symm_mem",
+    "dt-fsdp-passes": "dt_fsdp_passes",
+}
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "tests"), OMP_NUM_THREADS="1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "tools" / "demo.py"),
+        *args,
+    ]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_small_demo_passes_every_installed_stage() -> None:
+    done = run_demo("--size", "small")
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = done.stdout[done.stdout.index("| feature") :]
+    for package, module in PLUGINS.items():
+        row = next(line for line in table.splitlines() if package in line)
+        if find_spec(module) is None:
+            assert "not installed" in row
+        else:
+            assert row.rstrip().endswith("| ok |"), row
+    assert "all stages matched their references" in done.stdout
+
+
+def test_a_stage_that_mismatches_on_one_rank_fails_the_demo() -> None:
+    done = run_demo("--size", "small", "--stages", "demo_failing_stage", "no_such_demo_module")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "MISMATCH" in done.stdout and "not installed" in done.stdout
