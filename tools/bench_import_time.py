@@ -12,6 +12,7 @@ the settings, so drift on the machine hits all of them alike; medians are report
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -40,6 +41,7 @@ def time_import(extra_env: dict[str, str]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--json", help="also write the report tool's JSON here ('-': stdout)")
     args = parser.parse_args()
     samples: dict[str, list[float]] = {name: [] for name in SETTINGS}
     for env in SETTINGS.values():
@@ -61,7 +63,37 @@ def main() -> int:
     for name, median in medians.items():
         print(f"| {name} | {median:.3f} | {median / baseline:.3f} |")
     print(f"runs: {args.runs} each, taking turns")
+    if args.json:
+        write_json(args.json, medians, baseline, args.runs, plugins)
     return 0
+
+
+def write_json(
+    where: str, medians: dict[str, float], baseline: float, runs: int, plugins: list[str]
+) -> None:
+    """The rows tools/bench_report.py renders (one JSON line when written to stdout)."""
+    rows = [
+        {
+            "name": f"import torch, {name}",
+            "metric": "median seconds",
+            "value": median,
+            "baseline": "without dt-core",
+            "baseline_value": baseline,
+            "ratio": median / baseline,
+            "target": "<= 1.05" if "autoload (default)" in name else "",
+            "unit": "s",
+            "notes": f"{runs} fresh interpreters each, taking turns; plugins: "
+            + (", ".join(plugins) or "none"),
+        }
+        for name, median in medians.items()
+        if name != "without dt-core (baseline)"
+    ]
+    text = json.dumps({"package": "dt-core", "rows": rows, "series": []})
+    if where == "-":
+        print(text)
+    else:
+        with open(where, "w") as f:
+            f.write(text)
 
 
 if __name__ == "__main__":
