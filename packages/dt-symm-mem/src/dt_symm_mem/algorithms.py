@@ -17,6 +17,7 @@ memory (several hosts, or disabled) both use the process group's ordinary collec
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
 
 import torch
@@ -31,6 +32,11 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor."""
+    return t.reshape(-1).view(torch.uint8)
+
+
 def packed_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
     """Byte offsets of consecutive pieces, each aligned to 64 bytes; and the total."""
     offsets, total = [], 0
@@ -43,12 +49,13 @@ def packed_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
 def all_gather_consume(
     group: object,
     shards: Sequence[torch.Tensor],
-    consumer: Callable[[list[torch.Tensor], int], None],
+    consumer: Callable[[list[torch.Tensor], int], None] | None,
     outs: Sequence[torch.Tensor | None] | None = None,
 ) -> None:
-    """Gather `shards` (same shapes on every rank) and call `consumer(pieces, src_rank)`
-    for every rank's pieces, own rank first. `outs[i]`, when given, receives the gathered
-    tensor i with rank r's piece at `outs[i][r]` (shape (world, *shard.shape))."""
+    """Gather `shards` (contiguous, same shapes on every rank) and call
+    `consumer(pieces, src_rank)` (if any) for every rank's pieces, own rank first.
+    `outs[i]`, when given, receives the gathered tensor i with rank r's piece at
+    `outs[i][r]` (shape (world, *shard.shape), contiguous)."""
     offsets, total = packed_offsets([_nbytes(s) for s in shards])
     handle = get_workspace(group, total)
     if handle is None:
@@ -57,10 +64,30 @@ def all_gather_consume(
         _all_gather_consume(handle, shards, offsets, consumer, outs)
 
 
+def all_gather_into(group: object, src: torch.Tensor, out: torch.Tensor) -> None:
+    """Plain all-gather of a contiguous `src` into a contiguous `out` (world x src rows):
+    the shortest path (one memcpy in, one per peer out, own copy while peers write)."""
+    nbytes = src.numel() * src.element_size()
+    handle = get_workspace(group, nbytes)
+    if handle is None:
+        dist.all_gather_single(_bytes_of(out), _bytes_of(src), group=group)
+        return
+    rank, world = handle.rank, handle.world_size
+    seq, slot = handle.begin_op()
+    handle.write_bytes(slot, 0, src)
+    handle.publish(0, seq)
+    base = out.data_ptr()
+    ctypes.memmove(base + rank * nbytes, src.data_ptr(), nbytes)
+    for step in range(1, world):
+        peer = (rank + step) % world
+        handle.wait_published(peer, 0, seq)
+        handle.read_bytes(peer, slot, 0, base + peer * nbytes, nbytes)
+
+
 def _all_gather_consume_collective(
     group: object,
     shards: Sequence[torch.Tensor],
-    consumer: Callable[[list[torch.Tensor], int], None],
+    consumer: Callable[[list[torch.Tensor], int], None] | None,
     outs: Sequence[torch.Tensor | None] | None,
 ) -> None:
     world, rank = group.size(), group.rank()  # type: ignore[attr-defined]
@@ -69,12 +96,13 @@ def _all_gather_consume_collective(
         out = outs[i] if outs is not None else None
         if out is None or not out.is_contiguous():
             out = torch.empty((world, *shard.shape), dtype=shard.dtype)
-        flat_out = out.view(world * shard.numel()) if shard.dim() == 0 else out.flatten(0, 1)
-        flat_in = shard.contiguous().view(-1) if shard.dim() == 0 else shard.contiguous()
-        dist.all_gather_single(flat_out, flat_in, group=group)
+        # Byte views: gloo has no float8 (or other exotic) dtypes, bytes are bytes.
+        dist.all_gather_single(_bytes_of(out), _bytes_of(shard.contiguous()), group=group)
         if outs is not None and outs[i] is not None and outs[i] is not out:
-            outs[i].copy_(out)
+            outs[i].copy_(out)  # type: ignore[union-attr]
         gathered.append(out)
+    if consumer is None:
+        return
     consumer(list(shards), rank)
     for step in range(1, world):
         peer = (rank + step) % world
@@ -85,31 +113,34 @@ def _all_gather_consume(
     handle: ShmSymmMemory,
     shards: Sequence[torch.Tensor],
     offsets: list[int],
-    consumer: Callable[[list[torch.Tensor], int], None],
+    consumer: Callable[[list[torch.Tensor], int], None] | None,
     outs: Sequence[torch.Tensor | None] | None,
 ) -> None:
     rank, world = handle.rank, handle.world_size
     seq, slot = handle.begin_op()
-    for shard, offset in zip(shards, offsets, strict=False):
-        handle.buffer_view(rank, offset, shard.shape, shard.dtype, slot).copy_(shard)
+    for shard, offset in zip(shards, offsets, strict=True):
+        handle.write_bytes(slot, offset, shard)
     handle.publish(0, seq)
-    consumer(list(shards), rank)
+    if consumer is not None:
+        consumer(list(shards), rank)
+    sizes = [_nbytes(s) for s in shards]
+    bases = [o.data_ptr() if o is not None else 0 for o in outs or [None] * len(shards)]
     for step in range(1, world):
         peer = (rank + step) % world
         handle.wait_published(peer, 0, seq)
         pieces = []
-        for i, (shard, offset) in enumerate(zip(shards, offsets, strict=False)):
-            remote = handle.buffer_view(peer, offset, shard.shape, shard.dtype, slot)
-            out = outs[i] if outs is not None else None
-            if out is not None:
-                out[peer].copy_(remote)
-                remote = out[peer]
-            pieces.append(remote)
-        consumer(pieces, peer)
-    if outs is not None:
-        for shard, out in zip(shards, outs, strict=False):
-            if out is not None:
-                out[rank].copy_(shard)
+        for i, (shard, offset) in enumerate(zip(shards, offsets, strict=True)):
+            if bases[i]:
+                handle.read_bytes(peer, slot, offset, bases[i] + peer * sizes[i], sizes[i])
+                if consumer is not None:
+                    pieces.append(outs[i][peer])  # type: ignore[index]
+            elif consumer is not None:
+                pieces.append(handle.buffer_view(peer, offset, shard.shape, shard.dtype, slot))
+        if consumer is not None:
+            consumer(pieces, peer)
+    for i, shard in enumerate(shards):
+        if bases[i]:
+            ctypes.memmove(bases[i] + rank * sizes[i], shard.data_ptr(), sizes[i])
 
 
 def produce_all_to_all(
@@ -122,14 +153,14 @@ def produce_all_to_all(
     `stacked` with stacked[src] = the chunk rank `src` produced for this rank."""
     world = group.size()  # type: ignore[attr-defined]
     chunk_numel = torch.Size(chunk_shape).numel()
-    es = torch.empty((), dtype=dtype).element_size()
+    es = dtype.itemsize
     handle = get_workspace(group, world * chunk_numel * es)
     if handle is None:
         mine = torch.empty((world, *chunk_shape), dtype=dtype)
         for dest in range(world):
             producer(dest, mine[dest])
         stacked = torch.empty_like(mine)
-        dist.all_to_all_single(stacked.view(world, -1), mine.view(world, -1), group=group)
+        dist.all_to_all_single(_bytes_of(stacked), _bytes_of(mine), group=group)
         return stacked
     rank = handle.rank
     seq, slot = handle.begin_op()

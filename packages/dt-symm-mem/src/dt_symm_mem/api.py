@@ -26,7 +26,7 @@ def _group_name(group: Any) -> str:
 
 def uses_torch_kernels(*tensors: Any) -> bool:
     """True when the call belongs to torch's CUDA symmetric memory (any CUDA operand)."""
-    devices = {t.device.type for t in tensors if isinstance(t, torch.Tensor)}
+    devices = {t.device.type for t in tensors if hasattr(t, "device")}
     if "cuda" in devices and devices - {"cuda"}:
         raise ValueError(f"dt-symm-mem: operands on mixed devices {sorted(devices)}")
     return devices == {"cuda"}
@@ -135,14 +135,19 @@ def fused_scaled_matmul_reduce_scatter(
     )
 
 
-def low_contention_all_gather(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """All-gather along dim 0 (through shared memory on CPU)."""
+def low_contention_all_gather(
+    tensor: torch.Tensor, group: Any = None, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """All-gather along dim 0 (through shared memory on CPU). On CPU, `out` (contiguous,
+    world * tensor.shape[0] rows) receives the result without a fresh allocation."""
     name = _group_name(group)
     if uses_torch_kernels(tensor):
+        if out is not None:
+            raise ValueError("dt-symm-mem: out= is only supported for CPU tensors")
         return _torch_op("_low_contention_all_gather")(tensor, name)
     from dt_symm_mem import ops
 
-    return ops.low_contention_all_gather(tensor, name)
+    return ops.low_contention_all_gather(tensor, name, out=out)
 
 
 def low_contention_reduce_scatter(

@@ -8,15 +8,19 @@ Meta kernels (Inductor asserts them), and runs the micro-pipelined exchange of
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from dt_core.compat import symm_mem as compat
 
-from dt_symm_mem.algorithms import all_gather_consume, produce_all_to_all
+from dt_symm_mem.algorithms import all_gather_consume, all_gather_into, produce_all_to_all
 
 REDUCE_OPS = ("sum", "avg")
+# How often each kernel ran in this process (tests use it to see a compiled graph call
+# the fused ops; cheap enough to keep).
+CALLS: Counter[str] = Counter()
 
 
 def resolve_group(group: Any) -> Any:
@@ -98,6 +102,7 @@ def fused_all_gather_matmul(
     return_A: bool = True,
 ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
     """`all_gather(A_shard, gather_dim) @ B` for each B; returns (A or None, [A @ B...])."""
+    CALLS["fused_all_gather_matmul"] += 1
     _check_ag_args(A_shard, Bs, gather_dim)
     group = resolve_group(group_name)
     world = group.size()
@@ -180,6 +185,7 @@ def fused_all_gather_scaled_matmul(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """`_scaled_mm(all_gather(A_shard, gather_dim), B, A_scale, B_scale, ...)` for each B.
     A_scale is tensor-wise, row-wise sharded (like A_shard) or row-wise replicated."""
+    CALLS["fused_all_gather_scaled_matmul"] += 1
     _check_ag_args(A_shard, Bs, gather_dim)
     for name, items in (
         ("B_scales", B_scales),
@@ -258,6 +264,7 @@ def fused_matmul_reduce_scatter(
 ) -> torch.Tensor:
     """`reduce_scatter(A @ B, reduce_op, scatter_dim)`: each destination's chunk is
     produced straight into shared memory while peers pull the previous one."""
+    CALLS["fused_matmul_reduce_scatter"] += 1
     if A.dim() < 2:
         raise ValueError("A_shard must be a matrix")
     if scatter_dim < 0 or scatter_dim >= A.dim():
@@ -310,6 +317,7 @@ def fused_scaled_matmul_reduce_scatter(
 ) -> torch.Tensor:
     """`reduce_scatter(_scaled_mm(A, B, A_scale, B_scale, ...).view(output_shape))` along
     `orig_scatter_dim`; A's rows are split along `scatter_dim_after_maybe_reshape`."""
+    CALLS["fused_scaled_matmul_reduce_scatter"] += 1
     sd = scatter_dim_after_maybe_reshape
     if A.dim() < 2:
         raise ValueError("A_shard must be a matrix")
@@ -364,19 +372,28 @@ def fused_scaled_matmul_reduce_scatter(
 # --- low-contention collectives ---------------------------------------------------------
 
 
-def low_contention_all_gather(tensor: torch.Tensor, group_name: Any) -> torch.Tensor:
-    """all-gather along dim 0 through shared memory (pull, ring order)."""
+def low_contention_all_gather(
+    tensor: torch.Tensor, group_name: Any, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """all-gather along dim 0 through shared memory (pull, ring order). `out` (shape
+    (world * tensor.shape[0], ...), contiguous) avoids allocating the result."""
+    CALLS["low_contention_all_gather"] += 1
     group = resolve_group(group_name)
     world = group.size()
-    out = torch.empty((world, *tensor.shape), dtype=tensor.dtype)
-    all_gather_consume(group, [tensor.contiguous()], lambda _p, _r: None, [out])
-    return out.view(world * tensor.shape[0], *tensor.shape[1:])
+    shape = (world * tensor.shape[0], *tensor.shape[1:])
+    if out is None:
+        out = torch.empty(shape, dtype=tensor.dtype)
+    elif tuple(out.shape) != shape or not out.is_contiguous() or out.dtype != tensor.dtype:
+        raise ValueError(f"out must be a contiguous {tensor.dtype} tensor of shape {shape}")
+    all_gather_into(group, tensor.contiguous(), out)
+    return out
 
 
 def low_contention_reduce_scatter(
     tensor: torch.Tensor, reduce_op: str, group_name: Any
 ) -> torch.Tensor:
     """reduce-scatter along dim 0 (sum or avg): all-to-all of chunks, then one reduction."""
+    CALLS["low_contention_reduce_scatter"] += 1
     _check_reduce_op(reduce_op)
     group = resolve_group(group_name)
     world = group.size()

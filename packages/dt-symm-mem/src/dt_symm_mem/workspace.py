@@ -16,6 +16,7 @@ of that slot). So one flag write per op suffices and no trailing barrier is need
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import platform
@@ -36,7 +37,10 @@ DISABLE_ENV = "DT_SYMM_MEM_DISABLE"
 DEFAULT_TIMEOUT_S = 120.0
 MIN_BUFFER_BYTES = 1 << 20
 CHANNELS = 4
-LINE_WORDS = 8  # int64 words per 64-byte line
+LINE_WORDS = 8
+SPIN_S = 200e-6  # busy-wait this long before yielding the core
+YIELD_S = 2e-3  # then yield; after this, nap between checks
+NAP_S = 50e-6  # int64 words per 64-byte line
 _X86 = {"x86_64", "amd64", "i386", "i686"}
 
 
@@ -122,6 +126,8 @@ class ShmSymmMemory:
         self._layout = _Layout(self.world_size)
         self._flags = np.frombuffer(mm, dtype=np.int64, count=self._layout.words)
         self._bytes = torch.frombuffer(mm, dtype=torch.uint8)
+        self._address = self._bytes.data_ptr()
+        self._views: dict[tuple[Any, ...], torch.Tensor] = {}
         self._seq = 0
         self._barrier_seq = [0] * CHANNELS
         self._signals_sent = [0] * self.world_size
@@ -138,16 +144,43 @@ class ShmSymmMemory:
     def buffer_view(
         self, rank: int, byte_offset: int, shape: Any, dtype: torch.dtype, slot: int = 0
     ) -> torch.Tensor:
-        """A tensor on `rank`'s buffer of `slot`, starting `byte_offset` bytes in."""
+        """A tensor on `rank`'s buffer of `slot`, starting `byte_offset` bytes in (cached:
+        making a view costs more than copying a small message)."""
+        key = (rank, slot, byte_offset, tuple(shape), dtype)
+        view = self._views.get(key)
+        if view is not None:
+            return view
         shape = torch.Size(shape)
-        nbytes = shape.numel() * torch.empty((), dtype=dtype).element_size()
+        nbytes = shape.numel() * dtype.itemsize
+        self._check_range(byte_offset, nbytes)
+        start = self._base(rank, slot) + byte_offset
+        view = self._bytes[start : start + nbytes].view(dtype).view(shape)
+        if len(self._views) > 512:
+            self._views.clear()
+        self._views[key] = view
+        return view
+
+    def _check_range(self, byte_offset: int, nbytes: int) -> None:
         if byte_offset < 0 or byte_offset + nbytes > self.buffer_bytes:
             raise ValueError(
                 f"dt-symm-mem: buffer view of {nbytes} bytes at {byte_offset} exceeds the "
                 f"{self.buffer_bytes}-byte buffer"
             )
-        start = self._base(rank, slot) + byte_offset
-        return self._bytes[start : start + nbytes].view(dtype).view(shape)
+
+    def write_bytes(self, slot: int, byte_offset: int, src: torch.Tensor) -> None:
+        """memcpy a contiguous CPU tensor into this rank's buffer (no tensor view needed)."""
+        nbytes = src.numel() * src.element_size()
+        self._check_range(byte_offset, nbytes)
+        address = self._address + self._base(self.rank, slot) + byte_offset
+        ctypes.memmove(address, src.data_ptr(), nbytes)
+
+    def read_bytes(
+        self, rank: int, slot: int, byte_offset: int, dst_address: int, nbytes: int
+    ) -> None:
+        """memcpy `nbytes` from `rank`'s buffer to the memory at `dst_address` (the data
+        pointer of a contiguous CPU tensor, possibly advanced)."""
+        self._check_range(byte_offset, nbytes)
+        ctypes.memmove(dst_address, self._address + self._base(rank, slot) + byte_offset, nbytes)
 
     def get_buffer(
         self,
@@ -158,7 +191,7 @@ class ShmSymmMemory:
         slot: int = 0,
     ) -> torch.Tensor:
         """Like `_SymmetricMemory.get_buffer`: offset counted in elements of `dtype`."""
-        es = torch.empty((), dtype=dtype).element_size()
+        es = dtype.itemsize
         return self.buffer_view(rank, storage_offset * es, shape, dtype, slot)
 
     # --- waiting --------------------------------------------------------------------
@@ -178,14 +211,16 @@ class ShmSymmMemory:
         next_check = start + 0.25
         while flags[index] < target:
             spins += 1
-            if spins < 32:
-                continue
-            if spins & 63:
-                os.sched_yield()
+            if spins & 15:
                 continue
             now = time.monotonic()
-            if now - start > 1e-3:
-                time.sleep(50e-6)
+            waited = now - start
+            if waited < SPIN_S:
+                continue  # a peer usually answers within tens of us: keep the core
+            if waited < YIELD_S:
+                os.sched_yield()
+            else:
+                time.sleep(NAP_S)
             if now >= next_check:
                 next_check = now + 0.25
                 if flags[index] >= target:
@@ -274,7 +309,7 @@ class _GroupState:
     retired: list[Any] = field(default_factory=list)
 
 
-_states: dict[tuple[str, int], _GroupState] = {}
+_states: dict[int, _GroupState] = {}  # id(group) -> state (the state keeps the group alive)
 
 
 def _host_identity() -> tuple[str, str]:
@@ -342,7 +377,7 @@ def _map_segment(group: Any, buffer_bytes: int, timeout: float) -> ShmSymmMemory
 
 
 def _state(group: Any) -> _GroupState:
-    key = (group.group_name, id(group))
+    key = id(group)
     state = _states.get(key)
     if state is None:
         state = _states[key] = _GroupState(group)
