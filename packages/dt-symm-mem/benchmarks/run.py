@@ -51,10 +51,9 @@ def _repeats(nbytes: int, quick: bool) -> int:
 
 
 def _rank_body(quick: bool, sizes: list[int], layer: dict[str, int]) -> dict[str, Any]:
+    import dt_symm_mem
     import torch
     import torch.distributed as dist
-
-    import dt_symm_mem
 
     group = dist.group.WORLD
     world = dist.get_world_size()
@@ -64,14 +63,16 @@ def _rank_body(quick: bool, sizes: list[int], layer: dict[str, int]) -> dict[str
         gathered = torch.empty(world * x.numel())
         reference = torch.empty_like(gathered)
         reps = _repeats(nbytes, quick)
-        shm = _time(lambda: dt_symm_mem.low_contention_all_gather(x, group, out=gathered), reps)
-        gloo = _time(lambda: dist.all_gather_single(reference, x, group=group), reps)
+        shm = _time(
+            lambda x=x, o=gathered: dt_symm_mem.low_contention_all_gather(x, group, out=o), reps
+        )
+        gloo = _time(lambda x=x, o=reference: dist.all_gather_single(o, x, group=group), reps)
         dist.all_gather_single(reference, x, group=group)
         dt_symm_mem.low_contention_all_gather(x, group, out=gathered)
         if not torch.equal(gathered, reference):
             raise RuntimeError(f"shm all-gather differs from gloo at {nbytes} bytes")
         src = torch.randn(gathered.numel())
-        copy = _time(lambda: gathered.copy_(src), reps)
+        copy = _time(lambda o=gathered, s=src: o.copy_(s), reps)
         out["ag"][nbytes] = (shm, gloo)
         out["memcpy"][nbytes] = copy
 

@@ -39,6 +39,18 @@ def _reduce(stacked: torch.Tensor, reduce_op: str, dim: int = 0) -> torch.Tensor
     return stacked.sum(dim=dim) if reduce_op == "sum" else stacked.mean(dim=dim)
 
 
+def _standard_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """`t` with the row-major strides torch's Meta kernels report, size-1 dims included
+    (`.contiguous()` keeps odd strides on size-1 dims; Inductor compares them)."""
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    if t.stride() == tuple(reversed(strides)):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _check_divisible(size: int, world: int, what: str) -> None:
     if size % world:
         raise ValueError(f"{what} ({size}) must be divisible by the group size ({world})")
@@ -285,7 +297,7 @@ def fused_matmul_reduce_scatter(
             torch.mm(A_flat, B_cols[dest], out=out)
 
         stacked = produce_all_to_all(group, chunk, dtype, produce_cols)
-        return _reduce(stacked, reduce_op).view(*A.shape[:-1], -1)
+        return _standard_contiguous(_reduce(stacked, reduce_op).view(*A.shape[:-1], -1))
     _check_divisible(A.shape[scatter_dim], world, f"A.shape[{scatter_dim}]")
     x = A.movedim(scatter_dim, 0)
     leading = [world, *x.shape[:-1]]
@@ -297,7 +309,7 @@ def fused_matmul_reduce_scatter(
 
     stacked = produce_all_to_all(group, (rows[0].shape[0], B.shape[1]), dtype, produce_rows)
     result = _reduce(stacked.view(*leading, -1), reduce_op).movedim(0, scatter_dim)
-    return result.contiguous()
+    return _standard_contiguous(result)
 
 
 def fused_scaled_matmul_reduce_scatter(
@@ -366,7 +378,7 @@ def fused_scaled_matmul_reduce_scatter(
     leading[orig_scatter_dim if orig_scatter_dim > 0 else 1] //= world
     reduced = _reduce(stacked.view(*leading, -1).movedim(1, sd + 1), reduce_op)
     output_shape[orig_scatter_dim] //= world
-    return reduced.reshape(*output_shape).contiguous()
+    return _standard_contiguous(reduced.reshape(*output_shape))
 
 
 # --- low-contention collectives ---------------------------------------------------------
@@ -404,4 +416,4 @@ def low_contention_reduce_scatter(
         out.copy_(chunks[dest])
 
     stacked = produce_all_to_all(group, chunks[0].shape, tensor.dtype, produce)
-    return _reduce(stacked, reduce_op)
+    return _standard_contiguous(_reduce(stacked, reduce_op))
