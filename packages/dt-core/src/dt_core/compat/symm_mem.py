@@ -1,0 +1,116 @@
+"""Private torch APIs that dt-symm-mem needs (area module of `dt_core.compat`).
+
+Interface (plain functions):
+    resolve_process_group(group_name) -> ProcessGroup
+    group_name_of(group) -> str
+    ensure_symm_mem_ops_defined()          imports torch's module that defines symm_mem::*
+    torch_symm_mem_module() -> module       torch.distributed._symmetric_memory
+    find_all_gather_matches(graph) / find_reduce_scatter_matches(graph)
+    fuse_all_gather_match(match, accept) / fuse_reduce_scatter_match(match, accept)
+    match_tensor(node) -> the example tensor of an FX node ("val" meta)
+    all_gather_match_parts(match) / reduce_scatter_match_parts(match) -> (node, group name)
+    scalar_types_to_dtypes(values)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from . import ensure_supported_torch
+
+
+def resolve_process_group(group_name: str) -> Any:
+    """The ProcessGroup registered under `group_name` (what the symm_mem ops receive)."""
+    ensure_supported_torch()
+    import torch.distributed.distributed_c10d as c10d
+
+    return c10d._resolve_process_group(group_name)
+
+
+def group_name_of(group: Any) -> str:
+    """The registered name of `group` (public `ProcessGroup.group_name`)."""
+    return group.group_name
+
+
+def torch_symm_mem_module() -> Any:
+    """torch.distributed._symmetric_memory: importing it defines the symm_mem::* ops."""
+    ensure_supported_torch()
+    import torch.distributed._symmetric_memory as symm_mem
+
+    return symm_mem
+
+
+def ensure_symm_mem_ops_defined() -> None:
+    """torch defines `symm_mem::fused_*` in Python; make sure that module ran."""
+    torch_symm_mem_module()
+
+
+# --- Inductor: torch's micro-pipeline TP matchers, reused for CPU groups ----------------
+
+
+def _micro_pipeline_tp() -> Any:
+    ensure_supported_torch()
+    import torch._inductor.fx_passes.micro_pipeline_tp as mptp
+
+    return mptp
+
+
+def find_all_gather_matches(graph: Any) -> list[Any]:
+    """all_gather_into_tensor + wait (+ split/cat for other gather dims) matches."""
+    return list(_micro_pipeline_tp().find_all_gather_patterns(graph))
+
+
+def find_reduce_scatter_matches(graph: Any) -> list[Any]:
+    """(chunk/cat +) reduce_scatter_tensor + wait matches."""
+    return list(_micro_pipeline_tp().find_reduce_scatter_patterns(graph))
+
+
+def match_tensor(node: Any) -> Any:
+    """The fake/example tensor Inductor recorded for `node`."""
+    return _micro_pipeline_tp()._get_tensor(node)
+
+
+@contextlib.contextmanager
+def _fusion_enabled_for(group_name: str) -> Iterator[None]:
+    """torch's fusion functions bail out unless NCCL is built and symm-mem is enabled for
+    the group; for a CPU group we vouch for both while the rewrite of ONE match runs
+    (graph rewriting only; nothing is executed). Restored on exit."""
+    import torch.distributed as dist
+
+    symm_mem = torch_symm_mem_module()
+    saved = dist.is_nccl_available
+    dist.is_nccl_available = lambda: True  # type: ignore[assignment]
+    try:
+        with symm_mem._test_mode({group_name}):
+            yield
+    finally:
+        dist.is_nccl_available = saved  # type: ignore[assignment]
+
+
+def fuse_all_gather_match(match: Any) -> None:
+    """Rewrite one all-gather match into symm_mem::fused_all_gather_matmul (if it feeds mms)."""
+    with _fusion_enabled_for(match.group_name):
+        _micro_pipeline_tp().fuse_all_gather_matmul(match)
+
+
+def fuse_reduce_scatter_match(match: Any) -> None:
+    """Rewrite one reduce-scatter match into symm_mem::fused_matmul_reduce_scatter."""
+    with _fusion_enabled_for(match.group_name):
+        _micro_pipeline_tp().fuse_matmul_reduce_scatter(match)
+
+
+def all_gather_match_parts(match: Any) -> tuple[Any, str]:
+    """(shard node, group name) of an all-gather match."""
+    return match.shard_node, match.group_name
+
+
+def reduce_scatter_match_parts(match: Any) -> tuple[Any, str]:
+    """(input node, group name) of a reduce-scatter match."""
+    return match.input_node, match.group_name
+
+
+def scalar_types_to_dtypes(values: list[Any]) -> list[Any]:
+    """ScalarType[] arguments may arrive as enum ints through the dispatcher: dtypes."""
+    return torch_symm_mem_module()._maybe_convert_scalar_types_to_dtypes(list(values))

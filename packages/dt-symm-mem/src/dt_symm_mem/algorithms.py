@@ -1,0 +1,180 @@
+"""Micro-pipelined exchange patterns over a `ShmSymmMemory` workspace.
+
+all_gather_consume: every rank publishes its shard(s) into its own buffer, consumes its
+own shard first (peers copy meanwhile), then consumes each peer's shard as soon as its
+flag says it is there, walking the ring from rank + 1 so ranks do not all read the same
+peer at once.
+
+produce_all_to_all: every rank produces the chunk each peer needs (directly into its own
+buffer, in ring order, so the next destination can pull while the following chunk is
+being produced), produces its own chunk last, then pulls the chunks addressed to it.
+
+Both work on any process-group size; multi-tensor shards (an fp8 shard plus its row-wise
+scales) share one buffer at 64-byte aligned offsets. When the group cannot use shared
+memory (several hosts, or disabled) both use the process group's ordinary collectives
+(all_gather_single / all_to_all_single) with the same results.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from dt_symm_mem.workspace import ShmSymmMemory, get_workspace
+
+ALIGN = 64
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def packed_offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Byte offsets of consecutive pieces, each aligned to 64 bytes; and the total."""
+    offsets, total = [], 0
+    for size in sizes:
+        offsets.append(total)
+        total += -(-size // ALIGN) * ALIGN
+    return offsets, total
+
+
+def all_gather_consume(
+    group: object,
+    shards: Sequence[torch.Tensor],
+    consumer: Callable[[list[torch.Tensor], int], None] | None,
+    outs: Sequence[torch.Tensor | None] | None = None,
+) -> None:
+    """Gather `shards` (contiguous, same shapes on every rank) and call
+    `consumer(pieces, src_rank)` (if any) for every rank's pieces, own rank first.
+    `outs[i]`, when given, receives the gathered tensor i with rank r's piece at
+    `outs[i][r]` (shape (world, *shard.shape), contiguous)."""
+    offsets, total = packed_offsets([_nbytes(s) for s in shards])
+    handle = get_workspace(group, total)
+    if handle is None:
+        _all_gather_consume_collective(group, shards, consumer, outs)
+    else:
+        _all_gather_consume(handle, shards, offsets, consumer, outs)
+
+
+def all_gather_into(group: object, src: torch.Tensor, out: torch.Tensor) -> None:
+    """Plain all-gather of a contiguous `src` into a contiguous `out` (world x src rows):
+    the shortest path (one memcpy in, one per peer out, own copy while peers write)."""
+    nbytes = src.numel() * src.element_size()
+    handle = get_workspace(group, nbytes)
+    if handle is None:
+        dist.all_gather_single(_bytes_of(out), _bytes_of(src), group=group)
+        return
+    rank, world = handle.rank, handle.world_size
+    seq, slot = handle.begin_op()
+    handle.write_bytes(slot, 0, src)
+    handle.publish(0, seq)
+    base = out.data_ptr()
+    ctypes.memmove(base + rank * nbytes, src.data_ptr(), nbytes)
+    for step in range(1, world):
+        peer = (rank + step) % world
+        handle.wait_published(peer, 0, seq)
+        handle.read_bytes(peer, slot, 0, base + peer * nbytes, nbytes)
+
+
+def _all_gather_consume_collective(
+    group: object,
+    shards: Sequence[torch.Tensor],
+    consumer: Callable[[list[torch.Tensor], int], None] | None,
+    outs: Sequence[torch.Tensor | None] | None,
+) -> None:
+    world, rank = group.size(), group.rank()  # type: ignore[attr-defined]
+    gathered = []
+    for i, shard in enumerate(shards):
+        out = outs[i] if outs is not None else None
+        if out is None or not out.is_contiguous():
+            out = torch.empty((world, *shard.shape), dtype=shard.dtype)
+        # Byte views: gloo has no float8 (or other exotic) dtypes, bytes are bytes.
+        dist.all_gather_single(_bytes_of(out), _bytes_of(shard.contiguous()), group=group)
+        if outs is not None and outs[i] is not None and outs[i] is not out:
+            outs[i].copy_(out)  # type: ignore[union-attr]
+        gathered.append(out)
+    if consumer is None:
+        return
+    consumer(list(shards), rank)
+    for step in range(1, world):
+        peer = (rank + step) % world
+        consumer([g[peer] for g in gathered], peer)
+
+
+def _all_gather_consume(
+    handle: ShmSymmMemory,
+    shards: Sequence[torch.Tensor],
+    offsets: list[int],
+    consumer: Callable[[list[torch.Tensor], int], None] | None,
+    outs: Sequence[torch.Tensor | None] | None,
+) -> None:
+    rank, world = handle.rank, handle.world_size
+    seq, slot = handle.begin_op()
+    for shard, offset in zip(shards, offsets, strict=True):
+        handle.write_bytes(slot, offset, shard)
+    handle.publish(0, seq)
+    if consumer is not None:
+        consumer(list(shards), rank)
+    sizes = [_nbytes(s) for s in shards]
+    bases = [o.data_ptr() if o is not None else 0 for o in outs or [None] * len(shards)]
+    for step in range(1, world):
+        peer = (rank + step) % world
+        handle.wait_published(peer, 0, seq)
+        pieces = []
+        for i, (shard, offset) in enumerate(zip(shards, offsets, strict=True)):
+            if bases[i]:
+                handle.read_bytes(peer, slot, offset, bases[i] + peer * sizes[i], sizes[i])
+                if consumer is not None:
+                    pieces.append(outs[i][peer])  # type: ignore[index]
+            elif consumer is not None:
+                pieces.append(handle.buffer_view(peer, offset, shard.shape, shard.dtype, slot))
+        if consumer is not None:
+            consumer(pieces, peer)
+    for i, shard in enumerate(shards):
+        if bases[i]:
+            ctypes.memmove(bases[i] + rank * sizes[i], shard.data_ptr(), sizes[i])
+
+
+def produce_all_to_all(
+    group: object,
+    chunk_shape: Sequence[int],
+    dtype: torch.dtype,
+    producer: Callable[[int, torch.Tensor], None],
+) -> torch.Tensor:
+    """`producer(dest, out)` writes this rank's chunk for `dest` into `out`. Returns
+    `stacked` with stacked[src] = the chunk rank `src` produced for this rank."""
+    world = group.size()  # type: ignore[attr-defined]
+    chunk_numel = torch.Size(chunk_shape).numel()
+    es = dtype.itemsize
+    handle = get_workspace(group, world * chunk_numel * es)
+    if handle is None:
+        mine = torch.empty((world, *chunk_shape), dtype=dtype)
+        for dest in range(world):
+            producer(dest, mine[dest])
+        stacked = torch.empty_like(mine)
+        dist.all_to_all_single(_bytes_of(stacked), _bytes_of(mine), group=group)
+        return stacked
+    rank = handle.rank
+    seq, slot = handle.begin_op()
+    for step in range(1, world):
+        dest = (rank + step) % world
+        out = handle.buffer_view(rank, dest * chunk_numel * es, chunk_shape, dtype, slot)
+        producer(dest, out)
+        handle.publish(dest, seq)
+    stacked = torch.empty((world, *chunk_shape), dtype=dtype)
+    producer(rank, stacked[rank])
+    for step in range(1, world):
+        src = (rank - step) % world
+        handle.wait_published(src, rank, seq)
+        stacked[src].copy_(
+            handle.buffer_view(src, rank * chunk_numel * es, chunk_shape, dtype, slot)
+        )
+    return stacked

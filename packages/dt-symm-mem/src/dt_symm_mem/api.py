@@ -1,0 +1,162 @@
+"""The fused ops as documented Python functions, for CPU and CUDA tensors alike.
+
+`group` is a ProcessGroup or a group name. CPU tensors run dt-symm-mem's kernels (shared
+memory within a host, the group's ordinary collectives across hosts). CUDA tensors go
+to torch's own `torch.ops.symm_mem.*` CUDA kernels (torch's symmetric memory): this
+module only decides where to send the call and converts the group to its name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from dt_core.compat import symm_mem as compat
+
+
+def _group_name(group: Any) -> str:
+    if isinstance(group, str):
+        return group
+    if group is None:
+        import torch.distributed as dist
+
+        group = dist.group.WORLD
+    return compat.group_name_of(group)
+
+
+def uses_torch_kernels(*tensors: Any) -> bool:
+    """True when the call belongs to torch's CUDA symmetric memory (any CUDA operand)."""
+    devices = {t.device.type for t in tensors if hasattr(t, "device")}
+    if "cuda" in devices and devices - {"cuda"}:
+        raise ValueError(f"dt-symm-mem: operands on mixed devices {sorted(devices)}")
+    return devices == {"cuda"}
+
+
+def _torch_op(name: str) -> Any:
+    compat.ensure_symm_mem_ops_defined()
+    return getattr(torch.ops.symm_mem, name)
+
+
+def fused_all_gather_matmul(
+    A_shard: torch.Tensor,
+    Bs: list[torch.Tensor],
+    gather_dim: int,
+    group: Any = None,
+    *,
+    return_A: bool = True,
+) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """`A = all_gather(A_shard, gather_dim)`; returns `(A if return_A else None, [A @ B
+    for B in Bs])`, consuming each peer's shard as it arrives."""
+    name = _group_name(group)
+    if uses_torch_kernels(A_shard, *Bs):
+        return _torch_op("fused_all_gather_matmul")(
+            A_shard, list(Bs), gather_dim, name, return_A=return_A
+        )
+    from dt_symm_mem import ops
+
+    return ops.fused_all_gather_matmul(A_shard, list(Bs), gather_dim, name, return_A=return_A)
+
+
+def fused_all_gather_scaled_matmul(
+    A_shard: torch.Tensor,
+    Bs: list[torch.Tensor],
+    A_scale: torch.Tensor,
+    B_scales: list[torch.Tensor],
+    gather_dim: int,
+    group: Any = None,
+    biases: list[torch.Tensor | None] | None = None,
+    result_scales: list[torch.Tensor | None] | None = None,
+    out_dtypes: list[torch.dtype | None] | None = None,
+    use_fast_accum: list[bool] | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`_scaled_mm(all_gather(A_shard, gather_dim), B, A_scale, B_scale)` for each B
+    (float8 operands; A_scale tensor-wise, row-wise sharded or row-wise replicated)."""
+    n = len(Bs)
+    args = (
+        A_shard,
+        list(Bs),
+        A_scale,
+        list(B_scales),
+        gather_dim,
+        _group_name(group),
+        list(biases) if biases is not None else [None] * n,
+        list(result_scales) if result_scales is not None else [None] * n,
+        list(out_dtypes) if out_dtypes is not None else [None] * n,
+        list(use_fast_accum) if use_fast_accum is not None else [False] * n,
+    )
+    if uses_torch_kernels(A_shard, *Bs):
+        return _torch_op("fused_all_gather_scaled_matmul")(*args)
+    from dt_symm_mem import ops
+
+    return ops.fused_all_gather_scaled_matmul(*args)
+
+
+def fused_matmul_reduce_scatter(
+    A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group: Any = None
+) -> torch.Tensor:
+    """`reduce_scatter(A @ B, reduce_op, scatter_dim)` ("sum" or "avg"), producing each
+    destination's chunk while peers pull the previous one."""
+    name = _group_name(group)
+    if uses_torch_kernels(A, B):
+        return _torch_op("fused_matmul_reduce_scatter")(A, B, reduce_op, scatter_dim, name)
+    from dt_symm_mem import ops
+
+    return ops.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, name)
+
+
+def fused_scaled_matmul_reduce_scatter(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    A_scale: torch.Tensor,
+    B_scale: torch.Tensor,
+    reduce_op: str,
+    scatter_dim: int,
+    group: Any = None,
+    *,
+    output_shape: list[int] | None = None,
+    bias: torch.Tensor | None = None,
+    result_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    """`reduce_scatter(_scaled_mm(A, B, A_scale, B_scale, ...), reduce_op, scatter_dim)`
+    for float8 A and B; A's rows split along `scatter_dim` (no reshape in between)."""
+    shape = list(output_shape) if output_shape is not None else [*A.shape[:-1], B.shape[1]]
+    args = (A, B, A_scale, B_scale, reduce_op, scatter_dim, scatter_dim, _group_name(group))
+    kwargs = dict(bias=bias, result_scale=result_scale, out_dtype=out_dtype)
+    if uses_torch_kernels(A, B):
+        return _torch_op("fused_scaled_matmul_reduce_scatter")(
+            *args, shape, **kwargs, use_fast_accum=use_fast_accum
+        )
+    from dt_symm_mem import ops
+
+    return ops.fused_scaled_matmul_reduce_scatter(
+        *args, shape, **kwargs, use_fast_accum=use_fast_accum
+    )
+
+
+def low_contention_all_gather(
+    tensor: torch.Tensor, group: Any = None, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """All-gather along dim 0 (through shared memory on CPU). On CPU, `out` (contiguous,
+    world * tensor.shape[0] rows) receives the result without a fresh allocation."""
+    name = _group_name(group)
+    if uses_torch_kernels(tensor):
+        if out is not None:
+            raise ValueError("dt-symm-mem: out= is only supported for CPU tensors")
+        return _torch_op("_low_contention_all_gather")(tensor, name)
+    from dt_symm_mem import ops
+
+    return ops.low_contention_all_gather(tensor, name, out=out)
+
+
+def low_contention_reduce_scatter(
+    tensor: torch.Tensor, reduce_op: str = "sum", group: Any = None
+) -> torch.Tensor:
+    """Reduce-scatter along dim 0, "sum" or "avg" (through shared memory on CPU)."""
+    name = _group_name(group)
+    if uses_torch_kernels(tensor):
+        return _torch_op("_low_contention_reduce_scatter")(tensor, reduce_op, name)
+    from dt_symm_mem import ops
+
+    return ops.low_contention_reduce_scatter(tensor, reduce_op, name)

@@ -1,0 +1,419 @@
+"""CPU kernels of torch's `symm_mem` fused ops, with torch's signatures and semantics.
+
+Each kernel reshapes exactly as torch's CUDA implementation does (gather/scatter dim moved
+to the front and flattened to a matrix), so outputs have the sizes and strides of torch's
+Meta kernels (Inductor asserts them), and runs the micro-pipelined exchange of
+`algorithms` over the group's shared-memory workspace.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from dt_core.compat import symm_mem as compat
+
+from dt_symm_mem.algorithms import all_gather_consume, all_gather_into, produce_all_to_all
+
+REDUCE_OPS = ("sum", "avg")
+# How often each kernel ran in this process (tests use it to see a compiled graph call
+# the fused ops; cheap enough to keep).
+CALLS: Counter[str] = Counter()
+
+
+def resolve_group(group: Any) -> Any:
+    """A ProcessGroup from a group name (what the ops receive) or a ProcessGroup."""
+    if isinstance(group, str):
+        return compat.resolve_process_group(group)
+    return group
+
+
+def _check_reduce_op(reduce_op: str) -> None:
+    if reduce_op not in REDUCE_OPS:
+        raise ValueError(f"reduce_op must be sum or avg, got {reduce_op!r}")
+
+
+def _reduce(stacked: torch.Tensor, reduce_op: str, dim: int = 0) -> torch.Tensor:
+    return stacked.sum(dim=dim) if reduce_op == "sum" else stacked.mean(dim=dim)
+
+
+def _standard_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """`t` with the row-major strides torch's Meta kernels report, size-1 dims included
+    (`.contiguous()` keeps odd strides on size-1 dims; Inductor compares them)."""
+    strides, step = [], 1
+    for size in reversed(t.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    if t.stride() == tuple(reversed(strides)):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _check_divisible(size: int, world: int, what: str) -> None:
+    if size % world:
+        raise ValueError(f"{what} ({size}) must be divisible by the group size ({world})")
+
+
+# --- all-gather + matmul ----------------------------------------------------------------
+
+
+def _check_ag_args(A_shard: torch.Tensor, Bs: list[torch.Tensor], gather_dim: int) -> None:
+    if A_shard.dim() < 2:
+        raise ValueError("A_shard must be a matrix")
+    for B in Bs:
+        if B.dim() != 2:
+            raise ValueError("B must be a matrix")
+    if gather_dim < 0 or gather_dim >= A_shard.dim():
+        raise ValueError("Invalid gather_dim")
+
+
+def _all_gather_mm_rows(
+    group: Any,
+    A_shard: torch.Tensor,
+    n_out: list[int],
+    out_dtypes: list[torch.dtype],
+    gather_dim: int,
+    return_A: bool,
+    mm: Callable[[int, torch.Tensor, list[torch.Tensor], int], None],
+    extra_shards: list[torch.Tensor] = (),  # type: ignore[assignment]
+) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """Gather along a non-last dim: rank r's rows of A (gather dim first, flattened)
+    are consumed into rows r of each output as they arrive."""
+    world = group.size()
+    moved = A_shard.movedim(gather_dim, 0)
+    leading = [world, *moved.shape[:-1]]
+    A_flat = moved.flatten(0, -2).contiguous()
+    m = A_flat.shape[0]
+    outputs = [
+        torch.empty((world * m, n), dtype=dt) for n, dt in zip(n_out, out_dtypes, strict=False)
+    ]
+    A_full = torch.empty((world, *A_flat.shape), dtype=A_flat.dtype) if return_A else None
+
+    def consume(pieces: list[torch.Tensor], src: int) -> None:
+        for i, out in enumerate(outputs):
+            mm(i, pieces[0], pieces[1:], src, out[src * m : (src + 1) * m])
+
+    outs = [A_full] + [None] * len(extra_shards)
+    all_gather_consume(group, [A_flat, *extra_shards], consume, outs)
+
+    def unflatten(t: torch.Tensor) -> torch.Tensor:
+        return t.view(*leading, -1).flatten(0, 1).movedim(0, gather_dim)
+
+    A = unflatten(A_full.flatten(0, 1)) if A_full is not None else None
+    return A, [unflatten(out) for out in outputs]
+
+
+def fused_all_gather_matmul(
+    A_shard: torch.Tensor,
+    Bs: list[torch.Tensor],
+    gather_dim: int,
+    group_name: Any,
+    *,
+    return_A: bool = True,
+) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """`all_gather(A_shard, gather_dim) @ B` for each B; returns (A or None, [A @ B...])."""
+    CALLS["fused_all_gather_matmul"] += 1
+    _check_ag_args(A_shard, Bs, gather_dim)
+    group = resolve_group(group_name)
+    world = group.size()
+    if gather_dim == A_shard.dim() - 1:
+        return _all_gather_matmul_last_dim(group, A_shard, Bs, return_A)
+
+    def mm(i: int, a: torch.Tensor, _extra: list[torch.Tensor], _src: int, out: torch.Tensor):
+        torch.mm(a, Bs[i], out=out)
+
+    del world
+    return _all_gather_mm_rows(
+        group, A_shard, [B.shape[1] for B in Bs], [B.dtype for B in Bs], gather_dim, return_A, mm
+    )
+
+
+def _all_gather_matmul_last_dim(
+    group: Any, A_shard: torch.Tensor, Bs: list[torch.Tensor], return_A: bool
+) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """Gather along K: rank r's columns multiply rows r of each B, accumulated."""
+    world = group.size()
+    leading = list(A_shard.shape[:-1])
+    A_flat = A_shard.flatten(0, -2).contiguous()
+    k = A_flat.shape[1]
+    for B in Bs:
+        if B.shape[0] != world * k:
+            raise ValueError(f"B has {B.shape[0]} rows; the gathered A has {world * k} columns")
+    B_rows = [B.chunk(world) for B in Bs]
+    outputs = [torch.empty((A_flat.shape[0], B.shape[1]), dtype=B.dtype) for B in Bs]
+    A_full = torch.empty((world, *A_flat.shape), dtype=A_flat.dtype) if return_A else None
+    started = [False]
+
+    def consume(pieces: list[torch.Tensor], src: int) -> None:
+        for out, rows in zip(outputs, B_rows, strict=False):
+            if started[0]:
+                out.addmm_(pieces[0], rows[src])
+            else:
+                torch.mm(pieces[0], rows[src], out=out)
+        started[0] = True
+
+    all_gather_consume(group, [A_flat], consume, [A_full])
+    A = None
+    if A_full is not None:
+        A = torch.cat(list(A_full.unbind(0)), dim=-1).view(*leading, -1)
+    return A, [out.view(*leading, -1) for out in outputs]
+
+
+def _float8_dtypes() -> set[torch.dtype]:
+    names = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    return {getattr(torch, n) for n in names if hasattr(torch, n)}
+
+
+def _check_scaled_inputs(op: str, A: torch.Tensor, Bs: list[torch.Tensor]) -> None:
+    """torch's CPU _scaled_mm takes float8 operands only: say so instead of failing deep."""
+    fp8 = _float8_dtypes()
+    bad = sorted({str(t.dtype) for t in [A, *Bs] if t.dtype not in fp8})
+    if bad:
+        raise NotImplementedError(
+            f"dt-symm-mem: {op} on CPU needs float8 A and B (torch's CPU _scaled_mm supports "
+            f"only float8 operands with tensor-wise or row-wise float32 scales); got {bad}"
+        )
+
+
+def _as_dtype(value: Any) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    return compat.scalar_types_to_dtypes([value])[0]
+
+
+def fused_all_gather_scaled_matmul(
+    A_shard: torch.Tensor,
+    Bs: list[torch.Tensor],
+    A_scale: torch.Tensor,
+    B_scales: list[torch.Tensor],
+    gather_dim: int,
+    group_name: Any,
+    biases: list[torch.Tensor | None],
+    result_scales: list[torch.Tensor | None],
+    out_dtypes: list[Any],
+    use_fast_accum: list[bool],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`_scaled_mm(all_gather(A_shard, gather_dim), B, A_scale, B_scale, ...)` for each B.
+    A_scale is tensor-wise, row-wise sharded (like A_shard) or row-wise replicated."""
+    CALLS["fused_all_gather_scaled_matmul"] += 1
+    _check_ag_args(A_shard, Bs, gather_dim)
+    for name, items in (
+        ("B_scales", B_scales),
+        ("biases", biases),
+        ("result_scales", result_scales),
+        ("out_dtypes", out_dtypes),
+        ("use_fast_accum", use_fast_accum),
+    ):
+        if len(items) != len(Bs):
+            raise ValueError(f"len({name}) must be the same as len(Bs)")
+    if gather_dim == A_shard.dim() - 1:
+        raise NotImplementedError(
+            "dt-symm-mem: fused_all_gather_scaled_matmul along the last dim is not supported "
+            "(torch does not support it either: row-wise scales do not split along K)"
+        )
+    _check_scaled_inputs("fused_all_gather_scaled_matmul", A_shard, Bs)
+    dtypes = [_as_dtype(d) for d in out_dtypes]
+    group = resolve_group(group_name)
+    world = group.size()
+    mode = _scale_mode(A_shard, A_scale, gather_dim, world)
+    extra: list[torch.Tensor] = []
+    if mode == "row-sharded":
+        extra = [A_scale.movedim(gather_dim, 0).flatten(0, -2).contiguous()]
+    elif mode == "row-replicated":
+        replicated = A_scale.movedim(gather_dim, 0).flatten(0, -2).chunk(world)
+
+    def mm(i: int, a: torch.Tensor, more: list[torch.Tensor], src: int, out: torch.Tensor):
+        if mode == "row-sharded":
+            scale = more[0].contiguous()
+        elif mode == "row-replicated":
+            scale = replicated[src].contiguous()
+        else:
+            scale = A_scale
+        res = torch._scaled_mm(
+            a,
+            Bs[i],
+            scale,
+            B_scales[i],
+            biases[i],
+            result_scales[i],
+            out_dtype=dtypes[i],
+            use_fast_accum=use_fast_accum[i],
+        )
+        out.copy_(res)
+
+    res_dtypes = [d or B.dtype for d, B in zip(dtypes, Bs, strict=False)]
+    A, outs = _all_gather_mm_rows(
+        group, A_shard, [B.shape[1] for B in Bs], res_dtypes, gather_dim, True, mm, extra
+    )
+    if A is None:
+        raise RuntimeError("dt-symm-mem: internal error, the gathered A is missing")
+    return A, outs
+
+
+def _scale_mode(shard: torch.Tensor, scale: torch.Tensor, gather_dim: int, world: int) -> str:
+    """Same classification as torch: row-wise sharded wins when ambiguous."""
+    full = list(shard.shape)
+    full[gather_dim] *= world
+    if scale.shape[:-1] == shard.shape[:-1] and scale.shape[-1] == 1:
+        return "row-sharded"
+    if scale.numel() == 1:
+        return "tensor"
+    if list(scale.shape[:-1]) == full[:-1]:
+        return "row-replicated"
+    raise ValueError(
+        f"Invalid scale shape for fp8 all-gather (shard shape: {shard.shape}, "
+        f"scale shape: {scale.shape})"
+    )
+
+
+# --- matmul + reduce-scatter ------------------------------------------------------------
+
+
+def fused_matmul_reduce_scatter(
+    A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int, group_name: Any
+) -> torch.Tensor:
+    """`reduce_scatter(A @ B, reduce_op, scatter_dim)`: each destination's chunk is
+    produced straight into shared memory while peers pull the previous one."""
+    CALLS["fused_matmul_reduce_scatter"] += 1
+    if A.dim() < 2:
+        raise ValueError("A_shard must be a matrix")
+    if scatter_dim < 0 or scatter_dim >= A.dim():
+        raise ValueError("Invalid gather_dim")
+    if B.dim() != 2:
+        raise ValueError("B must be a matrix")
+    _check_reduce_op(reduce_op)
+    group = resolve_group(group_name)
+    world = group.size()
+    dtype = torch.result_type(A, B) if A.dtype != B.dtype else A.dtype
+    if scatter_dim == A.dim() - 1:
+        _check_divisible(B.shape[1], world, "B.shape[1]")
+        B_cols = B.chunk(world, dim=1)
+        A_flat = A.flatten(0, -2)
+        chunk = (A_flat.shape[0], B.shape[1] // world)
+
+        def produce_cols(dest: int, out: torch.Tensor) -> None:
+            torch.mm(A_flat, B_cols[dest], out=out)
+
+        stacked = produce_all_to_all(group, chunk, dtype, produce_cols)
+        return _standard_contiguous(_reduce(stacked, reduce_op).view(*A.shape[:-1], -1))
+    _check_divisible(A.shape[scatter_dim], world, f"A.shape[{scatter_dim}]")
+    x = A.movedim(scatter_dim, 0)
+    leading = [world, *x.shape[:-1]]
+    leading[1] //= world
+    rows = x.flatten(0, -2).chunk(world)
+
+    def produce_rows(dest: int, out: torch.Tensor) -> None:
+        torch.mm(rows[dest], B, out=out)
+
+    stacked = produce_all_to_all(group, (rows[0].shape[0], B.shape[1]), dtype, produce_rows)
+    result = _reduce(stacked.view(*leading, -1), reduce_op).movedim(0, scatter_dim)
+    return _standard_contiguous(result)
+
+
+def fused_scaled_matmul_reduce_scatter(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    A_scale: torch.Tensor,
+    B_scale: torch.Tensor,
+    reduce_op: str,
+    orig_scatter_dim: int,
+    scatter_dim_after_maybe_reshape: int,
+    group_name: Any,
+    output_shape: list[int] | None,
+    bias: torch.Tensor | None = None,
+    result_scale: torch.Tensor | None = None,
+    out_dtype: Any = None,
+    use_fast_accum: bool = False,
+) -> torch.Tensor:
+    """`reduce_scatter(_scaled_mm(A, B, A_scale, B_scale, ...).view(output_shape))` along
+    `orig_scatter_dim`; A's rows are split along `scatter_dim_after_maybe_reshape`."""
+    CALLS["fused_scaled_matmul_reduce_scatter"] += 1
+    sd = scatter_dim_after_maybe_reshape
+    if A.dim() < 2:
+        raise ValueError("A_shard must be a matrix")
+    if sd < 0 or sd >= A.dim():
+        raise ValueError("Invalid scatter dim for 2D tensor input to scaled_mm")
+    if B.dim() != 2:
+        raise ValueError("B must be a matrix")
+    if output_shape is None:
+        output_shape = [*A.shape[:-1], B.shape[1]]
+    output_shape = list(output_shape)
+    if orig_scatter_dim < 0 or orig_scatter_dim >= len(output_shape):
+        raise ValueError("Invalid scatter dim for 3D+ output tensor")
+    _check_reduce_op(reduce_op)
+    _check_scaled_inputs("fused_scaled_matmul_reduce_scatter", A, [B])
+    dtype = _as_dtype(out_dtype)
+    group = resolve_group(group_name)
+    world = group.size()
+    _check_divisible(A.shape[sd], world, f"A.shape[{sd}]")
+    x = A.movedim(sd, 0)
+    rows = x.flatten(0, -2).chunk(world)
+    if A_scale.numel() == 1:
+        scales = [A_scale] * world
+    elif A_scale.shape[:-1] == A.shape[:-1]:
+        scales = list(A_scale.movedim(sd, 0).contiguous().flatten(0, -2).chunk(world))
+    else:
+        raise ValueError(
+            "For row-wise scaling, the leading dims of A_scale must match the leading dims "
+            f"of A (A shape: {A.shape}, A_scale shape: {A_scale.shape})"
+        )
+
+    def produce(dest: int, out: torch.Tensor) -> None:
+        res = torch._scaled_mm(
+            rows[dest].contiguous(),
+            B,
+            scales[dest].contiguous(),
+            B_scale,
+            bias,
+            result_scale,
+            out_dtype=dtype,
+            use_fast_accum=use_fast_accum,
+        )
+        out.copy_(res)
+
+    stacked = produce_all_to_all(group, (rows[0].shape[0], B.shape[1]), dtype or A.dtype, produce)
+    leading = [world, *x.shape[:-1]]
+    leading[orig_scatter_dim if orig_scatter_dim > 0 else 1] //= world
+    reduced = _reduce(stacked.view(*leading, -1).movedim(1, sd + 1), reduce_op)
+    output_shape[orig_scatter_dim] //= world
+    return _standard_contiguous(reduced.reshape(*output_shape))
+
+
+# --- low-contention collectives ---------------------------------------------------------
+
+
+def low_contention_all_gather(
+    tensor: torch.Tensor, group_name: Any, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """all-gather along dim 0 through shared memory (pull, ring order). `out` (shape
+    (world * tensor.shape[0], ...), contiguous) avoids allocating the result."""
+    CALLS["low_contention_all_gather"] += 1
+    group = resolve_group(group_name)
+    world = group.size()
+    shape = (world * tensor.shape[0], *tensor.shape[1:])
+    if out is None:
+        out = torch.empty(shape, dtype=tensor.dtype)
+    elif tuple(out.shape) != shape or not out.is_contiguous() or out.dtype != tensor.dtype:
+        raise ValueError(f"out must be a contiguous {tensor.dtype} tensor of shape {shape}")
+    all_gather_into(group, tensor.contiguous(), out)
+    return out
+
+
+def low_contention_reduce_scatter(
+    tensor: torch.Tensor, reduce_op: str, group_name: Any
+) -> torch.Tensor:
+    """reduce-scatter along dim 0 (sum or avg): all-to-all of chunks, then one reduction."""
+    CALLS["low_contention_reduce_scatter"] += 1
+    _check_reduce_op(reduce_op)
+    group = resolve_group(group_name)
+    world = group.size()
+    _check_divisible(tensor.shape[0], world, "tensor.shape[0]")
+    chunks = tensor.chunk(world)
+
+    def produce(dest: int, out: torch.Tensor) -> None:
+        out.copy_(chunks[dest])
+
+    stacked = produce_all_to_all(group, chunks[0].shape, tensor.dtype, produce)
+    return _standard_contiguous(_reduce(stacked, reduce_op))

@@ -1,0 +1,82 @@
+"""Hookimpls of the `symm-mem` plugin.
+
+Light at import: the CPU kernels registered on torch's `symm_mem` namespace are thin
+wrappers that import `dt_symm_mem.ops` on first call. torch defines the `symm_mem::fused_*`
+ops in Python (torch.distributed._symmetric_memory); registering our CPU impls before
+that definition is fine for the dispatcher, and the DTensor and Inductor hooks make sure
+the definitions are loaded when those parts of torch are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dt_core import GraphPass, LibraryOps, hookimpl
+
+NAMESPACE = "symm_mem"
+# torch op name -> function name in dt_symm_mem.ops
+KERNELS = {
+    "fused_all_gather_matmul": "fused_all_gather_matmul",
+    "fused_all_gather_scaled_matmul": "fused_all_gather_scaled_matmul",
+    "fused_matmul_reduce_scatter": "fused_matmul_reduce_scatter",
+    "fused_scaled_matmul_reduce_scatter": "fused_scaled_matmul_reduce_scatter",
+    "_low_contention_all_gather": "low_contention_all_gather",
+    "_low_contention_reduce_scatter": "low_contention_reduce_scatter",
+}
+
+
+def _kernel(function_name: str) -> Any:
+    def cpu_kernel(*args: Any, **kwargs: Any) -> Any:
+        from dt_symm_mem import ops
+
+        return getattr(ops, function_name)(*args, **kwargs)
+
+    cpu_kernel.__name__ = f"dt_symm_mem_{function_name}_cpu"
+    return cpu_kernel
+
+
+def _define(lib: Any) -> None:
+    for op_name, function_name in KERNELS.items():
+        lib.impl(op_name, _kernel(function_name), "CPU")
+
+
+def _ensure_ops_defined() -> None:
+    from dt_core.compat.symm_mem import ensure_symm_mem_ops_defined
+
+    ensure_symm_mem_ops_defined()
+
+
+@hookimpl
+def dt_library_ops() -> list[LibraryOps]:
+    ops = [f"{NAMESPACE}::{name}@CPU" for name in KERNELS]
+    return [LibraryOps(NAMESPACE, _define, ops=ops, kind="IMPL")]
+
+
+@hookimpl
+def dt_op_handlers() -> list[Any]:
+    _ensure_ops_defined()  # DTensor users get torch.ops.symm_mem.* without another import
+    return []
+
+
+def _fuse(graph: Any) -> None:
+    from dt_symm_mem.compile_pass import fuse_cpu_collective_matmuls
+
+    fuse_cpu_collective_matmuls(graph)
+
+
+def _settings() -> dict[str, Any]:
+    import os
+
+    return {"disabled": os.environ.get("DT_SYMM_MEM_COMPILE_PASS", "1") == "0"}
+
+
+@hookimpl
+def dt_graph_passes() -> list[GraphPass]:
+    _ensure_ops_defined()
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    sources = [str(here / "compile_pass.py")]
+    return [
+        GraphPass("fuse-cpu-collective-matmul", _fuse, settings=_settings, source_files=sources)
+    ]

@@ -1,0 +1,428 @@
+"""A CPU symmetric-memory workspace: the ranks of a group on one host share one segment.
+
+Layout of a segment: a header of int64 flags (one 64-byte line each, so ranks never share
+a cache line), then two slots x world_size per-rank data buffers. Ranks write only their
+own flags and, by convention, their own buffers; peers read them. Synchronisation on
+the hot path is by sequence numbers in the flags (write data, then the flag; readers spin
+on the flag), never by the store or gloo. Setup and growth are collective and use the
+process group (rare). Handles offer what the algorithms need of torch's
+`_SymmetricMemory`: rank, world_size, get_buffer, barrier(channel), put/wait signal.
+
+Op protocol (`begin_op`/`publish`/`wait_published`): op number `seq` writes slot seq % 2.
+A rank announces `entered = seq` when it starts op `seq`; before writing slot seq % 2 it
+waits until every peer has entered op seq - 1, i.e. finished op seq - 2 (the last reader
+of that slot). So one flag write per op suffices and no trailing barrier is needed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import socket
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dt_symm_mem import segment
+
+TIMEOUT_ENV = "DT_SYMM_MEM_TIMEOUT"
+DISABLE_ENV = "DT_SYMM_MEM_DISABLE"
+DEFAULT_TIMEOUT_S = 120.0
+MIN_BUFFER_BYTES = 1 << 20
+CHANNELS = 4
+LINE_WORDS = 8
+SPIN_S = 200e-6  # busy-wait this long before yielding the core
+YIELD_S = 2e-3  # then yield; after this, nap between checks
+NAP_S = 50e-6  # int64 words per 64-byte line
+_X86 = {"x86_64", "amd64", "i386", "i686"}
+
+
+class SymmMemTimeoutError(TimeoutError):
+    """A barrier or signal wait did not complete: a peer is dead or stuck."""
+
+
+def default_timeout() -> float:
+    return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+
+
+def _round_size(nbytes: int, previous: int) -> int:
+    size = max(MIN_BUFFER_BYTES, 2 * previous)
+    while size < nbytes:
+        size *= 2
+    return size
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return -1
+
+
+def _pid_alive(pid: int) -> bool:
+    """False when the process is gone or a zombie (a SIGKILLed child not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+class _Layout:
+    """Flag indices (in int64 words) for a world of `ws` ranks."""
+
+    def __init__(self, ws: int) -> None:
+        self.ws = ws
+        lines = 0
+        self.entered = lines
+        lines += ws
+        self.ident = lines  # [pid, pid-namespace inode]
+        lines += ws
+        self.barrier = lines
+        lines += CHANNELS * ws
+        self.signal = lines
+        lines += ws * ws
+        self.ready = lines
+        lines += ws * (ws + 1)
+        self.words = lines * LINE_WORDS
+        self.header_bytes = -(-self.words * 8 // segment.PAGE) * segment.PAGE
+
+    def word(self, line: int) -> int:
+        return line * LINE_WORDS
+
+
+class ShmSymmMemory:
+    """Handle on one group's workspace segment (one per group per process)."""
+
+    def __init__(
+        self,
+        group: Any,
+        mm: mmap.mmap,
+        name: str,
+        buffer_bytes: int,
+        timeout: float,
+    ) -> None:
+        self.group = group
+        self.rank = group.rank()
+        self.world_size = group.size()
+        self.name = name
+        self.buffer_bytes = buffer_bytes
+        self.timeout = timeout
+        self._mm = mm
+        self._layout = _Layout(self.world_size)
+        self._flags = np.frombuffer(mm, dtype=np.int64, count=self._layout.words)
+        self._bytes = torch.frombuffer(mm, dtype=torch.uint8)
+        self._address = self._bytes.data_ptr()
+        self._views: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._seq = 0
+        self._barrier_seq = [0] * CHANNELS
+        self._signals_sent = [0] * self.world_size
+        self._signals_seen = [0] * self.world_size
+        ident = self._layout.word(self._layout.ident + self.rank)
+        self._flags[ident] = os.getpid()
+        self._flags[ident + 1] = _pid_namespace()
+
+    # --- buffers --------------------------------------------------------------------
+
+    def _base(self, rank: int, slot: int) -> int:
+        return self._layout.header_bytes + (slot * self.world_size + rank) * self.buffer_bytes
+
+    def buffer_view(
+        self, rank: int, byte_offset: int, shape: Any, dtype: torch.dtype, slot: int = 0
+    ) -> torch.Tensor:
+        """A tensor on `rank`'s buffer of `slot`, starting `byte_offset` bytes in (cached:
+        making a view costs more than copying a small message)."""
+        key = (rank, slot, byte_offset, tuple(shape), dtype)
+        view = self._views.get(key)
+        if view is not None:
+            return view
+        shape = torch.Size(shape)
+        nbytes = shape.numel() * dtype.itemsize
+        self._check_range(byte_offset, nbytes)
+        start = self._base(rank, slot) + byte_offset
+        view = self._bytes[start : start + nbytes].view(dtype).view(shape)
+        if len(self._views) > 512:
+            self._views.clear()
+        self._views[key] = view
+        return view
+
+    def _check_range(self, byte_offset: int, nbytes: int) -> None:
+        if byte_offset < 0 or byte_offset + nbytes > self.buffer_bytes:
+            raise ValueError(
+                f"dt-symm-mem: buffer view of {nbytes} bytes at {byte_offset} exceeds the "
+                f"{self.buffer_bytes}-byte buffer"
+            )
+
+    def write_bytes(self, slot: int, byte_offset: int, src: torch.Tensor) -> None:
+        """memcpy a contiguous CPU tensor into this rank's buffer (no tensor view needed)."""
+        nbytes = src.numel() * src.element_size()
+        self._check_range(byte_offset, nbytes)
+        address = self._address + self._base(self.rank, slot) + byte_offset
+        ctypes.memmove(address, src.data_ptr(), nbytes)
+
+    def read_bytes(
+        self, rank: int, slot: int, byte_offset: int, dst_address: int, nbytes: int
+    ) -> None:
+        """memcpy `nbytes` from `rank`'s buffer to the memory at `dst_address` (the data
+        pointer of a contiguous CPU tensor, possibly advanced)."""
+        self._check_range(byte_offset, nbytes)
+        ctypes.memmove(dst_address, self._address + self._base(rank, slot) + byte_offset, nbytes)
+
+    def get_buffer(
+        self,
+        rank: int,
+        shape: Any,
+        dtype: torch.dtype,
+        storage_offset: int = 0,
+        slot: int = 0,
+    ) -> torch.Tensor:
+        """Like `_SymmetricMemory.get_buffer`: offset counted in elements of `dtype`."""
+        es = dtype.itemsize
+        return self.buffer_view(rank, storage_offset * es, shape, dtype, slot)
+
+    # --- waiting --------------------------------------------------------------------
+
+    def _peer_gone(self, peer: int) -> bool:
+        ident = self._layout.word(self._layout.ident + peer)
+        pid, ns = int(self._flags[ident]), int(self._flags[ident + 1])
+        return pid > 0 and ns == _pid_namespace() and not _pid_alive(pid)
+
+    def _wait_geq(self, index: int, target: int, what: str, peer: int) -> None:
+        """Spin (then yield, then nap) until flag >= target; fail on a dead peer or deadline."""
+        flags = self._flags
+        if flags[index] >= target:
+            return
+        spins = 0
+        start = time.monotonic()
+        next_check = start + 0.25
+        while flags[index] < target:
+            spins += 1
+            if spins & 15:
+                continue
+            now = time.monotonic()
+            waited = now - start
+            if waited < SPIN_S:
+                continue  # a peer usually answers within tens of us: keep the core
+            if waited < YIELD_S:
+                os.sched_yield()
+            else:
+                time.sleep(NAP_S)
+            if now >= next_check:
+                next_check = now + 0.25
+                if flags[index] >= target:
+                    return
+                if self._peer_gone(peer):
+                    raise SymmMemTimeoutError(
+                        f"dt-symm-mem: {what}: peer rank {peer} of group "
+                        f"{self.group.group_name!r} has exited"
+                    )
+                if now - start > self.timeout:
+                    raise SymmMemTimeoutError(
+                        f"dt-symm-mem: {what}: timed out after {self.timeout:.1f}s waiting for "
+                        f"rank {peer} of group {self.group.group_name!r} (dead or stuck peer?); "
+                        f"set {TIMEOUT_ENV} to change the limit"
+                    )
+
+    # --- torch-like synchronisation ---------------------------------------------------
+
+    def barrier(self, channel: int = 0, timeout: float | None = None) -> None:
+        """All ranks of the group reach this point (per-channel sequence numbers)."""
+        if not 0 <= channel < CHANNELS:
+            raise ValueError(f"dt-symm-mem: barrier channel must be in [0, {CHANNELS})")
+        saved = self.timeout
+        if timeout is not None:
+            self.timeout = timeout
+        try:
+            self._barrier_seq[channel] += 1
+            seq = self._barrier_seq[channel]
+            line = self._layout.barrier + channel * self.world_size
+            self._flags[self._layout.word(line + self.rank)] = seq
+            for step in range(1, self.world_size):
+                peer = (self.rank + step) % self.world_size
+                self._wait_geq(
+                    self._layout.word(line + peer), seq, f"barrier(channel={channel})", peer
+                )
+        finally:
+            self.timeout = saved
+
+    def put_signal(self, peer: int) -> None:
+        """Tell `peer` that data it waits for is written (data first, then this flag)."""
+        self._signals_sent[peer] += 1
+        line = self._layout.signal + self.rank * self.world_size + peer
+        self._flags[self._layout.word(line)] = self._signals_sent[peer]
+
+    def wait_signal(self, peer: int, timeout: float | None = None) -> None:
+        """Wait for the next `put_signal` from `peer` to this rank."""
+        self._signals_seen[peer] += 1
+        line = self._layout.signal + peer * self.world_size + self.rank
+        saved = self.timeout
+        if timeout is not None:
+            self.timeout = timeout
+        try:
+            self._wait_geq(self._layout.word(line), self._signals_seen[peer], "wait_signal", peer)
+        finally:
+            self.timeout = saved
+
+    # --- op protocol (double-buffered, one flag per published chunk) -------------------
+
+    def begin_op(self) -> tuple[int, int]:
+        """Start the next op: returns (seq, slot) once this rank's slot is free to write."""
+        self._seq += 1
+        seq = self._seq
+        for step in range(1, self.world_size):
+            peer = (self.rank + step) % self.world_size
+            word = self._layout.word(self._layout.entered + peer)
+            self._wait_geq(word, seq - 1, "waiting for the previous op", peer)
+        self._flags[self._layout.word(self._layout.entered + self.rank)] = seq
+        return seq, seq % 2
+
+    def publish(self, key: int, seq: int) -> None:
+        """Mark this rank's chunk `key` (0..world_size) of op `seq` as written."""
+        line = self._layout.ready + self.rank * (self.world_size + 1) + key
+        self._flags[self._layout.word(line)] = seq
+
+    def wait_published(self, peer: int, key: int, seq: int) -> None:
+        line = self._layout.ready + peer * (self.world_size + 1) + key
+        self._wait_geq(self._layout.word(line), seq, "waiting for a peer's data", peer)
+
+
+@dataclass
+class _GroupState:
+    group: Any
+    handle: ShmSymmMemory | None = None
+    fallback_reason: str | None = None
+    generation: int = 0
+    retired: list[Any] = field(default_factory=list)
+
+
+_states: dict[int, _GroupState] = {}  # id(group) -> state (the state keeps the group alive)
+
+
+def _host_identity() -> tuple[str, str]:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return socket.gethostname(), boot
+
+
+def _local_problem() -> str | None:
+    if os.environ.get(DISABLE_ENV, "0") == "1":
+        return f"{DISABLE_ENV}=1"
+    if platform.machine().lower() not in _X86:
+        return f"flag ordering is only implemented for x86 (this is {platform.machine()})"
+    if not segment.shm_available():
+        return f"{segment.SHM_DIR} is not writable"
+    return None
+
+
+def _decide(group: Any) -> str | None:
+    """Collectively decide whether the group can use shared memory (same answer on all)."""
+    facts: list[Any] = [None] * group.size()
+    dist.all_gather_object(facts, (_host_identity(), _local_problem()), group=group)
+    problems = sorted({p for _, p in facts if p})
+    if problems:
+        return "; ".join(problems)
+    if len({host for host, _ in facts}) > 1:
+        return "the group spans several hosts"
+    return None
+
+
+def _map_segment(group: Any, buffer_bytes: int, timeout: float) -> ShmSymmMemory | str:
+    """Create (group rank 0), broadcast the name, attach, unlink: collective."""
+    layout = _Layout(group.size())
+    total = layout.header_bytes + 2 * group.size() * buffer_bytes
+    name: str | None = None
+    mm: mmap.mmap | None = None
+    error = None
+    if group.rank() == 0:
+        try:
+            name = segment.new_name()
+            mm = segment.create(name, total)
+        except OSError as err:
+            name, error = None, f"creating a {total}-byte segment failed: {err}"
+    try:
+        box: list[Any] = [(name, error)]
+        dist.broadcast_object_list(box, group_src=0, group=group)
+        name, error = box[0]
+        if name is not None and mm is None:
+            try:
+                mm = segment.attach(name, total)
+            except OSError as err:
+                error = f"attaching to the segment failed: {err}"
+        results: list[Any] = [None] * group.size()
+        dist.all_gather_object(results, error, group=group)
+    finally:
+        if group.rank() == 0 and name is not None:
+            segment.unlink(name)  # every rank mapped it (or failed): the name can go
+    errors = sorted({e for e in results if e})
+    if errors or mm is None or name is None:
+        return "; ".join(errors) or "no segment"
+    return ShmSymmMemory(group, mm, name, buffer_bytes, timeout)
+
+
+def _state(group: Any) -> _GroupState:
+    key = id(group)
+    state = _states.get(key)
+    if state is None:
+        state = _states[key] = _GroupState(group)
+        reason = _decide(group)
+        if reason is not None:
+            state.fallback_reason = reason
+            warnings.warn(
+                f"dt-symm-mem: group {group.group_name!r} uses the process group's ordinary "
+                f"collectives instead of shared memory: {reason}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return state
+
+
+def get_workspace(group: Any, min_bytes: int) -> ShmSymmMemory | None:
+    """The group's handle with per-rank buffers of at least `min_bytes`, or None when the
+    group cannot use shared memory (then use ordinary collectives). Collective when it
+    (re)creates the segment: every rank must ask for the same size."""
+    state = _state(group)
+    if state.fallback_reason is not None:
+        return None
+    handle = state.handle
+    if handle is not None and handle.buffer_bytes >= min_bytes:
+        return handle
+    previous = handle.buffer_bytes if handle is not None else 0
+    size = _round_size(min_bytes, previous)
+    timeout = handle.timeout if handle is not None else default_timeout()
+    result = _map_segment(group, size, timeout)
+    if isinstance(result, str):
+        raise RuntimeError(f"dt-symm-mem: setting up shared memory failed: {result}")
+    if handle is not None:
+        # Peers may still read our old buffers (the previous op): keep the mapping alive
+        # until the new segment has been used once by everyone (next growth drops it).
+        state.retired = [handle]
+    state.handle = result
+    state.generation += 1
+    return result
+
+
+def fallback_reason(group: Any) -> str | None:
+    """Why the group does not use shared memory (None when it does)."""
+    return _state(group).fallback_reason
+
+
+def reset() -> None:
+    """Forget every workspace (tests); mappings close once unreferenced."""
+    _states.clear()

@@ -1,0 +1,215 @@
+"""The six symm_mem ops on CPU, through `torch.ops.symm_mem.*`, against the plain
+collective + matmul computed with gloo, on 2 and 4 ranks.
+
+Inputs are small integers, so every product and sum is exact in fp32, bf16 and fp16 in
+any order: results must be bitwise equal (torch.equal), not merely close. Output sizes
+and strides must equal those of torch's own Meta kernels (Inductor asserts them). Each
+rank test loops over many cases (one spawned world, many cases).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import pytest
+import torch
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def ints(shape: Any, seed: int, dtype: torch.dtype = torch.float32, low: int = -2) -> Any:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(low, 3, tuple(shape), generator=gen).to(dtype)
+
+
+def gather(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Reference all-gather along `dim` with gloo (bytes, so any dtype works)."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    parts = torch.empty((world, *x.shape), dtype=x.dtype)
+    dist.all_gather_single(
+        parts.view(-1).view(torch.uint8), x.contiguous().view(-1).view(torch.uint8)
+    )
+    return torch.cat(list(parts.unbind(0)), dim=dim)
+
+
+def reduce_scatter(x: torch.Tensor, reduce_op: str, dim: int) -> torch.Tensor:
+    """Reference: gather every rank's full tensor, reduce in float64, take our chunk."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    everyone = gather(x.unsqueeze(0), 0).double()
+    total = everyone.sum(0) if reduce_op == "sum" else everyone.mean(0)
+    return total.chunk(world, dim=dim)[rank].to(x.dtype)
+
+
+def same(got: torch.Tensor | None, want: torch.Tensor, meta: torch.Tensor | None = None) -> bool:
+    if got is None or got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if meta is not None and (got.shape != meta.shape or got.stride() != meta.stride()):
+        return False
+    return torch.equal(got, want)
+
+
+def check_all_gather_matmul(case: tuple, name: str) -> str | None:
+    import torch.distributed as dist
+
+    shape, gather_dim, n_b, dtype, return_A, seed = case
+    rank, world = dist.get_rank(), dist.get_world_size()
+    A = ints(shape, seed + rank, dtype)
+    k = shape[-1] * (world if gather_dim == len(shape) - 1 else 1)
+    Bs = [ints((k, 3 + i), seed + 100 + i, dtype) for i in range(n_b)]
+    got_A, got = torch.ops.symm_mem.fused_all_gather_matmul(
+        A, Bs, gather_dim, name, return_A=return_A
+    )
+    meta_A, meta = torch.ops.symm_mem.fused_all_gather_matmul(
+        A.to("meta"), [B.to("meta") for B in Bs], gather_dim, name, return_A=return_A
+    )
+    full = gather(A, gather_dim)
+    if return_A and not same(got_A, full, meta_A):
+        return f"A differs: {case}"
+    if not return_A and got_A is not None:
+        return f"A returned although return_A=False: {case}"
+    for i, B in enumerate(Bs):
+        want = (full.double() @ B.double()).to(dtype)
+        if not same(got[i], want, meta[i]):
+            return f"output {i} differs: {case}"
+    return None
+
+
+def check_matmul_reduce_scatter(case: tuple, name: str) -> str | None:
+    import torch.distributed as dist
+
+    shape, scatter_dim, reduce_op, dtype, seed = case
+    rank = dist.get_rank()
+    A = ints(shape, seed + rank, dtype)
+    B = ints((shape[-1], 8), seed + 50, dtype)
+    got = torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, name)
+    meta = torch.ops.symm_mem.fused_matmul_reduce_scatter(
+        A.to("meta"), B.to("meta"), reduce_op, scatter_dim, name
+    )
+    want = reduce_scatter((A.double() @ B.double()).to(dtype), reduce_op, scatter_dim)
+    return None if same(got, want, meta) else f"differs: {case}"
+
+
+def ag_cases(world: int, count: int) -> list[tuple]:
+    rng = random.Random(world)  # same cases on every rank
+    shapes = [(4, 8), (2, 3, 8), (1, 5), (3, 2, 2, 4)]
+    cases = []
+    for shape in shapes:
+        for gather_dim in range(len(shape)):
+            for dtype in DTYPES:
+                cases.append((shape, gather_dim, rng.choice([1, 2, 3]), dtype, rng.random() < 0.5))
+    rng.shuffle(cases)
+    return [(*c, i) for i, c in enumerate(cases[:count])]
+
+
+def rs_cases(world: int) -> list[tuple]:
+    cases = []
+    for (shape, dims), op, dtype in itertools.product(
+        [((world * 2, 8), (0,)), ((world, world * 3, 4), (0, 1)), ((2, world, 6), (1,))],
+        ["sum", "avg"],
+        DTYPES,
+    ):
+        cases += [(shape, d, op, dtype, len(cases)) for d in dims]
+    # scatter along the last (output) dim: B has 8 columns, 8 % world == 0
+    cases += [((3, 5), 1, op, torch.float32, 900 + i) for i, op in enumerate(["sum", "avg"])]
+    cases += [((2, 3, 5), 2, "sum", torch.bfloat16, 950)]
+    return cases
+
+
+def run_matmul_cases() -> None:
+    import dt_symm_mem  # noqa: F401  (defines torch.ops.symm_mem.* like torch's module)
+    import torch.distributed as dist
+
+    name = dist.group.WORLD.group_name
+    world = dist.get_world_size()
+    failures = [f for c in ag_cases(world, 48) if (f := check_all_gather_matmul(c, name))]
+    failures += [f for c in rs_cases(world) if (f := check_matmul_reduce_scatter(c, name))]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.ranks(2)
+def test_fused_matmul_ops_2_ranks() -> None:
+    run_matmul_cases()
+
+
+@pytest.mark.ranks(4)
+def test_fused_matmul_ops_4_ranks() -> None:
+    run_matmul_cases()
+
+
+def run_low_contention_cases() -> None:
+    import dt_symm_mem
+    import torch.distributed as dist
+
+    name = dist.group.WORLD.group_name
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for i, (rows, tail, dtype) in enumerate(
+        itertools.product([world, 3 * world], [(), (5,), (2, 3)], [*DTYPES, torch.int64])
+    ):
+        x = ints((rows, *tail), 10 * i + rank, dtype)
+        if not same(torch.ops.symm_mem._low_contention_all_gather(x, name), gather(x, 0)):
+            failures.append(f"all_gather {x.shape} {dtype}")
+        for op in ("sum", "avg") if dtype.is_floating_point else ("sum",):
+            got = torch.ops.symm_mem._low_contention_reduce_scatter(x, op, name)
+            if not same(got, reduce_scatter(x, op, 0)):
+                failures.append(f"reduce_scatter {op} {x.shape} {dtype}")
+    # the Python API with a preallocated output, and the group given as a ProcessGroup
+    x = ints((3, 4), rank)
+    out = torch.empty(3 * world, 4)
+    returned = dt_symm_mem.low_contention_all_gather(x, dist.group.WORLD, out=out)
+    if returned is not out or not same(out, gather(x, 0)):
+        failures.append("all_gather out=")
+    assert not failures, failures
+
+
+@pytest.mark.ranks(2)
+def test_low_contention_2_ranks() -> None:
+    run_low_contention_cases()
+
+
+@pytest.mark.ranks(4)
+def test_low_contention_4_ranks() -> None:
+    run_low_contention_cases()
+
+
+@pytest.mark.ranks(2)
+def test_python_api_matches_ops() -> None:
+    """dt_symm_mem.* (group as ProcessGroup or None) give what torch.ops.symm_mem.* give."""
+    import dt_symm_mem
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    A = ints((4, 6), rank)
+    B = ints((6, 4), 7)
+    A_full, (C,) = dt_symm_mem.fused_all_gather_matmul(A, [B], 0)
+    assert torch.equal(A_full, gather(A, 0)) and torch.equal(C, gather(A, 0) @ B)
+    rs = dt_symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, dist.group.WORLD)
+    assert torch.equal(rs, reduce_scatter(A @ B, "sum", 0))
+    got = dt_symm_mem.low_contention_reduce_scatter(A, "avg")
+    assert torch.equal(got, reduce_scatter(A, "avg", 0))
+    assert world == 2
+
+
+@pytest.mark.ranks(2)
+def test_argument_errors_are_clear() -> None:
+    import dt_symm_mem  # noqa: F401
+    import torch.distributed as dist
+
+    name = dist.group.WORLD.group_name
+    A, B = torch.ones(4, 4), torch.ones(4, 4)
+    with pytest.raises(ValueError, match="gather_dim"):
+        torch.ops.symm_mem.fused_all_gather_matmul(A, [B], 2, name)
+    with pytest.raises(ValueError, match="sum or avg"):
+        torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "max", 0, name)
+    with pytest.raises(ValueError, match="divisible"):
+        torch.ops.symm_mem._low_contention_reduce_scatter(torch.ones(3, 2), "sum", name)
+    with pytest.raises(NotImplementedError, match="float8"):
+        torch.ops.symm_mem.fused_all_gather_scaled_matmul(
+            A, [B], torch.ones(()), [torch.ones(())], 0, name, [None], [None], [None], [False]
+        )

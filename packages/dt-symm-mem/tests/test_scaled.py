@@ -1,0 +1,122 @@
+"""Scaled (float8) variants on CPU against gloo all-gather / reduce-scatter + _scaled_mm.
+
+torch's CPU `_scaled_mm` takes float8 operands with tensor-wise or row-wise float32
+scales. Small-integer operands and power-of-two scales make every result exact, so the
+comparison is torch.equal, including sizes and strides against torch's Meta kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ops import gather, ints, reduce_scatter, same
+
+FP8 = torch.float8_e4m3fn
+
+
+def fp8(shape: tuple, seed: int) -> torch.Tensor:
+    return ints(shape, seed).to(FP8)
+
+
+def check_ag_scaled(case: tuple, name: str) -> str | None:
+    import torch.distributed as dist
+
+    shape, gather_dim, mode, out_dtype, n_b = case
+    rank, world = dist.get_rank(), dist.get_world_size()
+    A = fp8(shape, rank)
+    Bs = [fp8((shape[-1], 16), 40 + i).t().contiguous().t() for i in range(n_b)]  # col-major
+    full_A = gather(A, gather_dim)
+    full_rows = full_A.movedim(gather_dim, 0).flatten(0, -2)
+    if mode == "tensor":
+        A_scale = torch.tensor(0.5)
+        full_scale = A_scale
+    elif mode == "row-sharded":
+        A_scale = torch.full((*shape[:-1], 1), 2.0 ** (rank - 1))
+        full_scale = gather(A_scale, gather_dim).movedim(gather_dim, 0).flatten(0, -2)
+    else:  # row-replicated: every rank holds the full scales
+        full_shape = list(shape[:-1])
+        full_shape[gather_dim] *= world
+        A_scale = 2.0 ** ints((*full_shape, 1), 5, low=-1).float()
+        full_scale = A_scale.movedim(gather_dim, 0).flatten(0, -2)
+    B_scales = [torch.full((1, 16), 0.25) if mode != "tensor" else torch.tensor(2.0)] * n_b
+    args = (A, Bs, A_scale, B_scales, gather_dim, name, [None] * n_b, [None] * n_b)
+    got_A, got = torch.ops.symm_mem.fused_all_gather_scaled_matmul(
+        *args, [out_dtype] * n_b, [False] * n_b
+    )
+    if not same(got_A, full_A):
+        return f"A differs: {case}"
+    lead = full_A.movedim(gather_dim, 0).shape[:-1]
+    for i, B in enumerate(Bs):
+        want = (
+            torch._scaled_mm(full_rows, B, full_scale, B_scales[i], out_dtype=out_dtype)
+            .view(*lead, -1)
+            .movedim(0, gather_dim)
+        )
+        if not same(got[i], want):
+            return f"output {i} differs: {case}"
+    return None
+
+
+def check_rs_scaled(case: tuple, name: str) -> str | None:
+    import torch.distributed as dist
+
+    shape, scatter_dim, mode, reduce_op = case
+    rank = dist.get_rank()
+    A = fp8(shape, 10 + rank)
+    B = fp8((shape[-1], 8), 77).t().contiguous().t()
+    if mode == "tensor":
+        A_scale, B_scale = torch.tensor(0.5), torch.tensor(2.0)
+    else:
+        A_scale, B_scale = torch.full((*shape[:-1], 1), 0.5), torch.full((1, 8), 2.0)
+    got = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
+        A,
+        B,
+        A_scale,
+        B_scale,
+        reduce_op,
+        scatter_dim,
+        scatter_dim,
+        name,
+        [*shape[:-1], 8],
+        out_dtype=torch.bfloat16,
+    )
+    flat_scale = A_scale if mode == "tensor" else A_scale.flatten(0, -2)
+    full = torch._scaled_mm(
+        A.flatten(0, -2), B, flat_scale, B_scale, out_dtype=torch.bfloat16
+    ).view(*shape[:-1], 8)
+    want = reduce_scatter(full, reduce_op, scatter_dim)
+    return None if same(got, want) else f"differs: {case}"
+
+
+def run_scaled_cases() -> None:
+    import dt_symm_mem  # noqa: F401
+    import torch.distributed as dist
+
+    name = dist.group.WORLD.group_name
+    world = dist.get_world_size()
+    ag = [
+        ((4, 16), 0, "tensor", torch.float32, 1),
+        ((4, 16), 0, "row-sharded", torch.bfloat16, 2),
+        ((4, 16), 0, "row-replicated", torch.bfloat16, 1),
+        ((2, 4, 16), 1, "tensor", torch.bfloat16, 2),
+        ((2, 4, 16), 1, "row-sharded", torch.bfloat16, 1),
+        ((2, 4, 16), 0, "row-replicated", torch.bfloat16, 1),
+    ]
+    rs = [
+        ((world * 4, 16), 0, "tensor", "sum"),
+        ((world * 4, 16), 0, "row", "avg"),
+        ((2, world * 2, 16), 1, "row", "sum"),
+    ]
+    failures = [f for c in ag if (f := check_ag_scaled(c, name))]
+    failures += [f for c in rs if (f := check_rs_scaled(c, name))]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.ranks(2)
+def test_scaled_ops_2_ranks() -> None:
+    run_scaled_cases()
+
+
+@pytest.mark.ranks(4)
+def test_scaled_ops_4_ranks() -> None:
+    run_scaled_cases()

@@ -1,0 +1,151 @@
+"""The shared-memory workspace: growth, cleanup of /dev/shm, dead and stuck peers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.ranks(2)
+def test_workspace_grows_on_demand_and_leaves_nothing_in_dev_shm() -> None:
+    import dt_symm_mem
+    import torch.distributed as dist
+    from dt_symm_mem import segment
+    from dt_symm_mem.workspace import MIN_BUFFER_BYTES, get_workspace
+
+    group = dist.new_group([0, 1])  # a fresh group: a fresh workspace
+    rank = dist.get_rank()
+    names, sizes = [], []
+    for numel in (16, 1000, MIN_BUFFER_BYTES // 4 + 1, 3 * MIN_BUFFER_BYTES // 4, 7):
+        x = torch.arange(numel, dtype=torch.float32) + 1000 * rank
+        got = dt_symm_mem.low_contention_all_gather(x, group)
+        assert torch.equal(got, torch.cat([x - 1000 * rank, x + 1000 * (1 - rank)]))
+        handle = get_workspace(group, 0)
+        assert handle.buffer_bytes >= 4 * numel
+        names.append(handle.name)
+        sizes.append(handle.buffer_bytes)
+    assert sizes[0] == MIN_BUFFER_BYTES and sizes[-1] > sizes[0]
+    assert len(set(names)) == 3, names  # 1 MiB, then grown twice (2 MiB -> 4 MiB)
+    assert sizes == sorted(sizes)
+    # Every segment was unlinked once all ranks had mapped it.
+    assert not set(names) & set(segment.leftover_segments())
+    path = Path(segment.SHM_DIR)
+    for name in names:
+        assert not (path / name).exists()
+
+
+@pytest.mark.ranks(2)
+def test_stuck_peer_barrier_times_out_with_a_clear_error() -> None:
+    import time
+
+    import torch.distributed as dist
+    from dt_symm_mem.workspace import SymmMemTimeoutError, get_workspace
+
+    handle = get_workspace(dist.group.WORLD, 0)
+    channel = 3
+    if dist.get_rank() == 0:
+        start = time.monotonic()
+        with pytest.raises(SymmMemTimeoutError, match=r"timed out after 1\.0s.*rank 1"):
+            handle.barrier(channel, timeout=1.0)
+        assert time.monotonic() - start < 5
+    else:
+        time.sleep(2.0)  # stuck, but alive
+        handle.barrier(channel)  # the barrier rank 0 gave up on (its flag is set)
+    handle.barrier(channel)  # both in step again
+    handle.put_signal(1 - handle.rank)
+    handle.wait_signal(1 - handle.rank)
+
+
+def _run_world(mode: str, tmp_path: Path) -> tuple[list[dict], list[int]]:
+    env = dict(os.environ, DT_SYMM_MEM_TIMEOUT="60")
+    subprocess.run(
+        [sys.executable, str(HERE / "kill_world.py"), mode, str(tmp_path)],
+        check=True,
+        timeout=240,
+        env=env,
+    )
+    codes = json.loads((tmp_path / "exitcodes.json").read_text())
+    reports = [
+        json.loads(p.read_text()) if (p := tmp_path / f"rank{r}.json").exists() else {}
+        for r in range(2)
+    ]
+    return reports, codes
+
+
+def test_nothing_left_in_dev_shm_after_normal_exit(tmp_path: Path) -> None:
+    from dt_symm_mem import segment
+
+    reports, codes = _run_world("normal", tmp_path)
+    assert codes == [0, 0]
+    assert all(r["ok"] for r in reports)
+    assert reports[0]["name"] == reports[1]["name"]
+    assert reports[0]["name"] not in segment.leftover_segments()
+
+
+def test_sigkilled_rank_leaves_nothing_and_peer_fails_fast(tmp_path: Path) -> None:
+    from dt_symm_mem import segment
+
+    reports, codes = _run_world("kill", tmp_path)
+    assert codes == [0, -9]
+    name = reports[0]["name"]
+    assert name.startswith(segment.NAME_PREFIX)
+    assert name not in segment.leftover_segments()
+    error = reports[0]["error"]
+    assert error is not None and "SymmMemTimeoutError" in error and "rank 1" in error
+    assert "exited" in error
+    assert reports[0]["seconds"] < 30  # detected long before the 60 s deadline
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 10_000), min_size=1, max_size=6))
+def test_packed_offsets_are_aligned_and_disjoint(sizes: list[int]) -> None:
+    from dt_symm_mem.algorithms import ALIGN, packed_offsets
+
+    offsets, total = packed_offsets(sizes)
+    assert all(o % ALIGN == 0 for o in offsets)
+    ends = [o + s for o, s in zip(offsets, sizes, strict=True)]
+    assert all(e <= n for e, n in zip(ends, [*offsets[1:], total], strict=True))
+    assert total >= sum(sizes)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 1 << 30), st.integers(0, 1 << 28))
+def test_growth_sizes_cover_the_request_and_at_least_double(need: int, previous: int) -> None:
+    from dt_symm_mem.workspace import MIN_BUFFER_BYTES, _round_size
+
+    size = _round_size(need, previous)
+    assert size >= need and size >= MIN_BUFFER_BYTES and size >= 2 * previous
+
+
+def test_segments_are_exclusive_and_owner_only() -> None:
+    import stat
+
+    from dt_symm_mem import segment
+
+    name = segment.new_name()
+    mapping = segment.create(name, 4096)
+    try:
+        info = os.stat(Path(segment.SHM_DIR) / name)
+        assert stat.S_IMODE(info.st_mode) == 0o600
+        with pytest.raises(FileExistsError):
+            segment.create(name, 4096)
+        peer = segment.attach(name, 4096)
+        mapping[0:4] = b"abcd"
+        assert peer[0:4] == b"abcd"
+        peer.close()
+    finally:
+        segment.unlink(name)
+        mapping.close()
+    assert name not in segment.leftover_segments()
+    with pytest.raises(ValueError, match="not a segment name"):
+        segment.attach("../etc/passwd", 10)
