@@ -31,6 +31,11 @@ class Shards:
     group: str  # process group name (the mesh dim that shards the sequence)
     rank: int
 
+    @classmethod
+    def local(cls, q_len: int, kv_len: int) -> Shards:
+        """No sequence sharding: the whole sequence on this rank."""
+        return cls(SequenceLayout(q_len, 1), SequenceLayout(kv_len, 1), "", 0)
+
     @property
     def parts(self) -> int:
         return self.kv_layout.parts
@@ -43,11 +48,15 @@ class Shards:
 
 
 def _gather(shards: Shards, t: torch.Tensor) -> torch.Tensor:
+    if shards.parts == 1:
+        return t
     sizes = shards.kv_layout.sizes()
     return torch.ops.dt_cp.all_gather_seq(t.contiguous(), 2, sizes, shards.group)
 
 
 def _scatter(shards: Shards, t: torch.Tensor) -> torch.Tensor:
+    if shards.parts == 1:
+        return t
     sizes = shards.kv_layout.sizes()
     return torch.ops.dt_cp.reduce_scatter_seq(t, 2, sizes, shards.group)
 
@@ -61,11 +70,11 @@ def _kv_shape(like: torch.Tensor, n: int) -> list[int]:
 
 def allgather_forward(
     spec: AttentionSpec, shards: Shards, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k_all, v_all = _gather(shards, k), _gather(shards, v)
     acc = Accumulator(q, v.shape[-1])
     block_forward(spec, acc, q, shards.q_ranges(), k_all, v_all, shards.all_kv_ranges())
-    return acc.out.to(q.dtype), acc.lse
+    return acc.out.to(q.dtype), acc.lse, acc.max
 
 
 def allgather_backward(
@@ -91,7 +100,7 @@ def allgather_backward(
 
 def ring_forward(
     spec: AttentionSpec, shards: Shards, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     pg = group_of(shards.group)
     sizes = shards.kv_layout.sizes()
     acc = Accumulator(q, v.shape[-1])
@@ -110,7 +119,7 @@ def ring_forward(
         if incoming is not None:
             current = incoming.wait()
             owner = (owner - 1) % shards.parts
-    return acc.out.to(q.dtype), acc.lse
+    return acc.out.to(q.dtype), acc.lse, acc.max
 
 
 def _numel(like: torch.Tensor, n: int) -> int:
@@ -170,7 +179,8 @@ def run_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, max score) of the local queries; max is -inf unless the math kernel ran."""
     if algorithm == "ring" and shards.parts > 1:
         return ring_forward(spec, shards, q, k, v)
     return allgather_forward(spec, shards, q, k, v)

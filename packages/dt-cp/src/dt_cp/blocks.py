@@ -34,7 +34,9 @@ class AttentionSpec:
     attn_mask: torch.Tensor | None = None  # additive float or bool, broadcast to (B,H,L,S)
     score_mod: Callable[..., torch.Tensor] | None = None
     mask_mod: Callable[..., torch.Tensor] | None = None
-    native: bool = False  # use torch's fused CPU kernel (no score_mod / mask_mod)
+    native: bool = False
+    batch_offset: int = 0  # global index of the first local batch row (score/mask mods)
+    head_offset: int = 0  # use torch's fused CPU kernel (no score_mod / mask_mod)
 
 
 def with_offsets(ranges: list[Range]) -> list[tuple[int, int, int]]:
@@ -153,8 +155,8 @@ def _scores(
     dev = q.device
     qi = torch.arange(q0, q0 + qn, device=dev).view(1, 1, qn, 1)
     kj = torch.arange(k0, k0 + kn, device=dev).view(1, 1, 1, kn)
-    bi = torch.arange(b_, device=dev).view(b_, 1, 1, 1)
-    hi = torch.arange(h_, device=dev).view(1, h_, 1, 1)
+    bi = torch.arange(spec.batch_offset, spec.batch_offset + b_, device=dev).view(b_, 1, 1, 1)
+    hi = torch.arange(spec.head_offset, spec.head_offset + h_, device=dev).view(1, h_, 1, 1)
     if spec.score_mod is not None:
         s = torch.broadcast_to(spec.score_mod(s, bi, hi, qi, kj), s.shape)
     allowed = None
@@ -184,7 +186,7 @@ def math_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     q0, qn, k0, kn = pos
     rows = _chunks(spec, q, kn)
-    outs, lses = [], []
+    outs, lses, maxes = [], [], []
     vx = _expand_heads(v, q.shape[1])
     for c in range(0, qn, rows):
         s = _scores(spec, q[:, :, c : c + rows], k, rel, q0 + c, k0)
@@ -192,7 +194,8 @@ def math_forward(
         p = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse).unsqueeze(-1))
         outs.append(torch.matmul(p.to(vx.dtype), vx))
         lses.append(lse)
-    return torch.cat(outs, 2), torch.cat(lses, 2)
+        maxes.append(s.amax(-1) if s.shape[-1] else lse)
+    return torch.cat(outs, 2), torch.cat(lses, 2), torch.cat(maxes, 2)
 
 
 def math_backward(
@@ -245,9 +248,15 @@ class Accumulator:
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
         self.out = torch.zeros(b_, h_, n, v_dim, dtype=acc, device=q.device)
         self.lse = torch.full((b_, h_, n), NEG_INF, dtype=acc, device=q.device)
+        self.max = torch.full((b_, h_, n), NEG_INF, dtype=acc, device=q.device)
 
-    def merge(self, lo: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+    def merge(
+        self, lo: int, out: torch.Tensor, lse: torch.Tensor, mx: torch.Tensor | None = None
+    ) -> None:
         n = out.shape[2]
+        if mx is not None:
+            running = self.max[:, :, lo : lo + n]
+            running.copy_(torch.maximum(running, mx.to(running.dtype)))
         o = self.out[:, :, lo : lo + n]
         old = self.lse[:, :, lo : lo + n]
         lse = lse.to(old.dtype)
@@ -281,7 +290,7 @@ def block_forward(
     leaf = native_forward if spec.native else math_forward
     for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
         qn, kn = pos[1], pos[3]
-        out, lse = leaf(
+        result = leaf(
             spec,
             q[:, :, ql : ql + qn],
             k[:, :, kl : kl + kn],
@@ -289,7 +298,7 @@ def block_forward(
             rel,
             pos,
         )
-        acc.merge(ql, out, lse)
+        acc.merge(ql, *result)
 
 
 def block_backward(

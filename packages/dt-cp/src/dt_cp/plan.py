@@ -165,3 +165,17 @@ def full_mask(mask: object, q_len: int, kv_len: int) -> torch.Tensor | None:
     if mask.dim() < 2:
         return torch.broadcast_to(mask, (q_len, kv_len))
     return torch.broadcast_to(mask, (*mask.shape[:-2], q_len, kv_len))
+
+
+def batch_head_offsets(t: DTensor) -> tuple[int, int]:
+    """Global index of the first local batch row and head (mods see global indices)."""
+    mesh = t.device_mesh
+    offsets = []
+    for dim in (0, 1):
+        offset, size = 0, t.shape[dim]
+        for i, p in enumerate(placements_of(t)):
+            if type(p) is Shard and p.dim == dim:
+                size //= mesh.size(i)
+                offset += mesh.get_local_rank(i) * size
+        offsets.append(offset)
+    return offsets[0], offsets[1]

@@ -68,7 +68,7 @@ def cpu_forward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> ob
         if plan.shards is None:
             out, lse = op_call(ql, kl, vl, 0.0, causal, attn_mask=_local_mask(mask), scale=scale)
         else:
-            out, lse = run_forward(plan.algorithm, spec, plan.shards, ql, kl, vl)
+            out, lse, _ = run_forward(plan.algorithm, spec, plan.shards, ql, kl, vl)
     b_, h_, n, _ = q.shape
     out_shape = (b_, h_, n, v.shape[-1])
     return (
