@@ -1,0 +1,342 @@
+"""Exact attention of local queries against one block of keys/values, forward and backward.
+
+A block is a run of keys whose global positions are a few contiguous ranges; queries
+likewise. Range pairs that a causal mask hides entirely are skipped; pairs on the
+diagonal use the kernel's own causal flag; others get an explicit mask from positions.
+Each pair returns its output and log-sum-exp, merged across blocks by `Accumulator`.
+
+Two leaf kernels: torch's fused CPU attention (`aten._scaled_dot_product_flash_attention
+_for_cpu`, for SDPA on CPU) and a plain math kernel (any device, score_mod / mask_mod,
+chunked over queries so it never holds more than a bounded score tile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .layout import Range
+
+aten = torch.ops.aten
+NEG_INF = float("-inf")
+# Largest score tile (elements) the math kernel materialises at once.
+MATH_TILE = 1 << 22
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """What to compute, in global coordinates (masks see global positions)."""
+
+    scale: float
+    causal: bool = False
+    attn_mask: torch.Tensor | None = None  # additive float or bool, broadcast to (B,H,L,S)
+    score_mod: Callable[..., torch.Tensor] | None = None
+    mask_mod: Callable[..., torch.Tensor] | None = None
+    native: bool = False
+    batch_offset: int = 0  # global index of the first local batch row (score/mask mods)
+    head_offset: int = 0  # use torch's fused CPU kernel (no score_mod / mask_mod)
+
+
+def with_offsets(ranges: list[Range]) -> list[tuple[int, int, int]]:
+    """(local offset, global start, length) for each non-empty range."""
+    out, offset = [], 0
+    for start, n in ranges:
+        if n:
+            out.append((offset, start, n))
+        offset += n
+    return out
+
+
+def relation(spec: AttentionSpec, q0: int, qn: int, k0: int, kn: int) -> str:
+    """How a causal mask treats this (query range, key range) pair."""
+    if not spec.causal:
+        return "full"
+    if k0 + kn - 1 <= q0:
+        return "full"
+    if k0 > q0 + qn - 1:
+        return "skip"
+    if k0 == q0 and kn == qn:
+        return "diag"
+    return "partial"
+
+
+def mask_slice(spec: AttentionSpec, q0: int, qn: int, k0: int, kn: int) -> torch.Tensor | None:
+    """The user's attn_mask for this pair of global ranges (or None)."""
+    m = spec.attn_mask
+    if m is None:
+        return None
+    return m[..., q0 : q0 + qn, k0 : k0 + kn]
+
+
+def causal_mask(q0: int, qn: int, k0: int, kn: int, device: torch.device) -> torch.Tensor:
+    qi = torch.arange(q0, q0 + qn, device=device)[:, None]
+    kj = torch.arange(k0, k0 + kn, device=device)[None, :]
+    return kj <= qi
+
+
+# --- fused CPU kernel ---------------------------------------------------------------------
+
+
+def _native_mask(
+    spec: AttentionSpec, rel: str, q0: int, qn: int, k0: int, kn: int, dtype: torch.dtype
+) -> tuple[torch.Tensor | None, bool]:
+    """(additive float mask or None, is_causal flag) for the fused kernel."""
+    user = mask_slice(spec, q0, qn, k0, kn)
+    if user is None and rel in ("full", "diag"):
+        return None, rel == "diag"
+    allowed = None
+    if rel in ("diag", "partial"):
+        allowed = causal_mask(q0, qn, k0, kn, user.device if user is not None else "cpu")
+    if user is not None and user.dtype == torch.bool:
+        allowed = user if allowed is None else user & allowed
+        user = None
+    additive = torch.zeros((), dtype=dtype) if user is None else user.to(dtype)
+    if allowed is not None:
+        additive = additive.masked_fill(~allowed, NEG_INF)
+    return additive.expand(*additive.shape[:-2], qn, kn) if additive.dim() >= 2 else additive, False
+
+
+def _dead_rows(mask: torch.Tensor | None, lse: torch.Tensor) -> torch.Tensor | None:
+    """Rows whose every key is masked (the fused kernel reports lse 0 for them)."""
+    if mask is None:
+        return None
+    dead = torch.isneginf(mask).all(-1)
+    return torch.broadcast_to(dead, lse.shape)
+
+
+def native_forward(
+    spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: str, pos: tuple
+) -> tuple[torch.Tensor, torch.Tensor]:
+    mask, is_causal = _native_mask(spec, rel, *pos, q.dtype)
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, is_causal, attn_mask=mask, scale=spec.scale
+    )
+    dead = _dead_rows(mask, lse)
+    if dead is not None and bool(dead.any()):
+        lse = lse.masked_fill(dead, NEG_INF)
+    return out, lse
+
+
+def native_backward(
+    spec: AttentionSpec,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    rel: str,
+    pos: tuple,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    mask, is_causal = _native_mask(spec, rel, *pos, q.dtype)
+    return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout, q, k, v, out, lse, 0.0, is_causal, attn_mask=mask, scale=spec.scale
+    )
+
+
+# --- math kernel --------------------------------------------------------------------------
+
+
+def _expand_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    if t.shape[1] == heads:
+        return t
+    return t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _scores(
+    spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, rel: str, q0: int, k0: int
+) -> torch.Tensor:
+    """Masked, modded scores of a (query chunk, key block) pair; -inf where hidden."""
+    b_, h_, qn, _ = q.shape
+    kn = k.shape[2]
+    s = torch.matmul(q, _expand_heads(k, h_).transpose(-1, -2)) * spec.scale
+    dev = q.device
+    qi = torch.arange(q0, q0 + qn, device=dev).view(1, 1, qn, 1)
+    kj = torch.arange(k0, k0 + kn, device=dev).view(1, 1, 1, kn)
+    bi = torch.arange(spec.batch_offset, spec.batch_offset + b_, device=dev).view(b_, 1, 1, 1)
+    hi = torch.arange(spec.head_offset, spec.head_offset + h_, device=dev).view(1, h_, 1, 1)
+    if spec.score_mod is not None:
+        s = torch.broadcast_to(spec.score_mod(s, bi, hi, qi, kj), s.shape)
+    allowed = None
+    if rel in ("diag", "partial"):
+        allowed = kj <= qi
+    if spec.mask_mod is not None:
+        m = spec.mask_mod(bi, hi, qi, kj)
+        allowed = m if allowed is None else allowed & m
+    user = mask_slice(spec, q0, qn, k0, kn)
+    if user is not None:
+        if user.dtype == torch.bool:
+            allowed = user if allowed is None else allowed & user
+        else:
+            s = s + user.to(s.dtype)
+    if allowed is not None:
+        s = s.masked_fill(~torch.broadcast_to(allowed, s.shape), NEG_INF)
+    return s
+
+
+def _chunks(spec: AttentionSpec, q: torch.Tensor, kn: int) -> int:
+    per_row = max(1, q.shape[0] * q.shape[1] * kn)
+    return max(1, MATH_TILE // per_row)
+
+
+def math_forward(
+    spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: str, pos: tuple
+) -> tuple[torch.Tensor, torch.Tensor]:
+    q0, qn, k0, kn = pos
+    rows = _chunks(spec, q, kn)
+    outs, lses, maxes = [], [], []
+    vx = _expand_heads(v, q.shape[1])
+    for c in range(0, qn, rows):
+        s = _scores(spec, q[:, :, c : c + rows], k, rel, q0 + c, k0)
+        lse = torch.logsumexp(s, -1)
+        p = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse).unsqueeze(-1))
+        outs.append(torch.matmul(p.to(vx.dtype), vx))
+        lses.append(lse)
+        maxes.append(s.amax(-1) if s.shape[-1] else lse)
+    return torch.cat(outs, 2), torch.cat(lses, 2), torch.cat(maxes, 2)
+
+
+def math_backward(
+    spec: AttentionSpec,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    rel: str,
+    pos: tuple,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q0, qn, k0, kn = pos
+    heads = q.shape[1]
+    groups = heads // k.shape[1]
+    rows = _chunks(spec, q, kn)
+    vx = _expand_heads(v, heads)
+    dqs = []
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    for c in range(0, qn, rows):
+        sl = slice(c, c + rows)
+        with torch.enable_grad():
+            qc = q[:, :, sl].detach().requires_grad_()
+            kc = k.detach().requires_grad_()
+            s = _scores(spec, qc, kc, rel, q0 + c, k0)
+            safe = torch.where(torch.isneginf(lse[:, :, sl]), float("inf"), lse[:, :, sl])
+            p = torch.exp(s.detach() - safe.unsqueeze(-1))
+            do = dout[:, :, sl]
+            dvx = torch.matmul(p.transpose(-1, -2).to(do.dtype), do)
+            delta = (do * out[:, :, sl]).sum(-1, keepdim=True)
+            ds = p * (torch.matmul(do, vx.transpose(-1, -2)) - delta)
+            dq_c, dk_c = torch.autograd.grad(s, (qc, kc), ds)
+        dqs.append(dq_c)
+        dk += dk_c
+        b_, _, n, e = dvx.shape
+        dv += dvx.view(b_, heads // groups, groups, n, e).sum(2)
+    return torch.cat(dqs, 2), dk, dv
+
+
+# --- one block, every range pair ----------------------------------------------------------
+
+
+class Accumulator:
+    """Running output and log-sum-exp of the local queries over the blocks seen so far."""
+
+    def __init__(self, q: torch.Tensor, v_dim: int) -> None:
+        b_, h_, n, _ = q.shape
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        self.out = torch.zeros(b_, h_, n, v_dim, dtype=acc, device=q.device)
+        self.lse = torch.full((b_, h_, n), NEG_INF, dtype=acc, device=q.device)
+        self.max = torch.full((b_, h_, n), NEG_INF, dtype=acc, device=q.device)
+
+    def merge(
+        self, lo: int, out: torch.Tensor, lse: torch.Tensor, mx: torch.Tensor | None = None
+    ) -> None:
+        n = out.shape[2]
+        if mx is not None:
+            running = self.max[:, :, lo : lo + n]
+            running.copy_(torch.maximum(running, mx.to(running.dtype)))
+        o = self.out[:, :, lo : lo + n]
+        old = self.lse[:, :, lo : lo + n]
+        lse = lse.to(old.dtype)
+        new = torch.logaddexp(old, lse)
+        ref = torch.where(torch.isneginf(new), 0.0, new)
+        w_old = torch.exp(old - ref).unsqueeze(-1)
+        w_new = torch.exp(lse - ref).unsqueeze(-1)
+        out = torch.where(torch.isneginf(lse).unsqueeze(-1), 0.0, out.to(o.dtype))
+        o.copy_(o * w_old + out * w_new)
+        old.copy_(new)
+
+
+def _pairs(spec: AttentionSpec, q_ranges: list[Range], kv_ranges: list[Range]):
+    for ql, q0, qn in with_offsets(q_ranges):
+        for kl, k0, kn in with_offsets(kv_ranges):
+            rel = relation(spec, q0, qn, k0, kn)
+            if rel != "skip":
+                yield ql, kl, rel, (q0, qn, k0, kn)
+
+
+def block_forward(
+    spec: AttentionSpec,
+    acc: Accumulator,
+    q: torch.Tensor,
+    q_ranges: list[Range],
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_ranges: list[Range],
+) -> None:
+    """Merge this key/value block's contribution into `acc`."""
+    leaf = native_forward if spec.native else math_forward
+    for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
+        qn, kn = pos[1], pos[3]
+        result = leaf(
+            spec,
+            q[:, :, ql : ql + qn],
+            k[:, :, kl : kl + kn],
+            v[:, :, kl : kl + kn],
+            rel,
+            pos,
+        )
+        acc.merge(ql, *result)
+
+
+def block_backward(
+    spec: AttentionSpec,
+    dq: torch.Tensor,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    q_ranges: list[Range],
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_ranges: list[Range],
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Add this block's share of dq into `dq`; return the block's (dk, dv).
+
+    `out` and `lse` are the final (merged) forward results, which make each block's
+    gradient exact on its own (softmax probabilities are exp(score - final lse)).
+    """
+    leaf = native_backward if spec.native else math_backward
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    safe_lse = torch.where(torch.isneginf(lse), float("inf"), lse)
+    for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
+        qn, kn = pos[1], pos[3]
+        qs, ks = slice(ql, ql + qn), slice(kl, kl + kn)
+        g_q, g_k, g_v = leaf(
+            spec,
+            dout[:, :, qs],
+            q[:, :, qs],
+            k[:, :, ks],
+            v[:, :, ks],
+            out[:, :, qs],
+            safe_lse[:, :, qs] if spec.native else lse[:, :, qs],
+            rel,
+            pos,
+        )
+        dq[:, :, qs] += g_q
+        dk[:, :, ks] += g_k
+        dv[:, :, ks] += g_v
+    return dk, dv

@@ -1,0 +1,94 @@
+"""Collectives of context parallelism: sequence all-gather / reduce-scatter and the ring.
+
+The all-gather and reduce-scatter are torch.library ops (see `ops.py`) so they trace
+under torch.compile; these are their eager kernels. Ring steps use batched async
+point-to-point sends, which gloo and NCCL both run while the caller computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from dt_core.compat.attention import resolve_process_group
+
+
+def group_of(name: str) -> dist.ProcessGroup:
+    return resolve_process_group(name)
+
+
+def _pad_to(x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
+    if x.shape[dim] == length:
+        return x.contiguous()
+    shape = list(x.shape)
+    shape[dim] = length - x.shape[dim]
+    return torch.cat([x, x.new_zeros(shape)], dim).contiguous()
+
+
+def all_gather_seq(x: torch.Tensor, dim: int, sizes: Sequence[int], group: str) -> torch.Tensor:
+    """Concatenate every rank's `x` along `dim`; rank i contributes `sizes[i]` rows."""
+    pg = group_of(group)
+    longest = max(sizes)
+    padded = _pad_to(x, dim, longest)
+    buffers = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(buffers, padded, group=pg)
+    return torch.cat([b.narrow(dim, 0, n) for b, n in zip(buffers, sizes, strict=True)], dim)
+
+
+def reduce_scatter_seq(x: torch.Tensor, dim: int, sizes: Sequence[int], group: str) -> torch.Tensor:
+    """Sum `x` over ranks and keep this rank's `sizes[rank]` rows along `dim`."""
+    pg = group_of(group)
+    rank = dist.get_rank(pg)
+    start = sum(sizes[:rank])
+    if dist.get_backend(pg) == "gloo":  # gloo has no reduce_scatter
+        total = x.contiguous().clone()
+        dist.all_reduce(total, group=pg)
+        return total.narrow(dim, start, sizes[rank]).clone()
+    longest = max(sizes)
+    pieces, offset = [], 0
+    for n in sizes:
+        pieces.append(_pad_to(x.narrow(dim, offset, n), dim, longest))
+        offset += n
+    stacked = torch.cat(pieces, dim).contiguous()
+    out = torch.empty_like(pieces[0])
+    dist.reduce_scatter_tensor(out, stacked, group=pg)
+    return out.narrow(dim, 0, sizes[rank]).clone()
+
+
+class RingStep:
+    """One async ring shift: send a tensor to rank+1 and receive one from rank-1."""
+
+    def __init__(
+        self, send: torch.Tensor, recv: torch.Tensor, pg: dist.ProcessGroup, tag: int = 0
+    ) -> None:
+        rank, size = dist.get_rank(pg), dist.get_world_size(pg)
+        self.recv = recv
+        self._send = send  # kept alive until the send completes
+        ops = [
+            dist.P2POp(dist.isend, send, group=pg, group_peer=(rank + 1) % size, tag=tag),
+            dist.P2POp(dist.irecv, recv, group=pg, group_peer=(rank - 1) % size, tag=tag),
+        ]
+        self._works = dist.batch_isend_irecv(ops)
+
+    def wait(self) -> torch.Tensor:
+        for work in self._works:
+            work.wait()
+        self._works = []
+        return self.recv
+
+
+def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One flat buffer for several tensors of one dtype (one message instead of many)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def unpack(flat: torch.Tensor, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for shape in shapes:
+        n = 1
+        for s in shape:
+            n *= s
+        out.append(flat[offset : offset + n].view(list(shape)))
+        offset += n
+    return out

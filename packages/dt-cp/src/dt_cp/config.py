@@ -1,0 +1,96 @@
+"""User settings: which exact algorithm runs, and how sequences are laid out on ranks.
+
+Settings come from, in order of precedence: an active `dt_cp.settings(...)` block,
+`dt_cp.configure(...)`, then the environment (`DT_CP_ALGORITHM`, `DT_CP_LOAD_BALANCER`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+ALGORITHMS = ("auto", "ring", "allgather")
+LOAD_BALANCERS = ("none", "head_tail")
+ALGORITHM_ENV = "DT_CP_ALGORITHM"
+LOAD_BALANCER_ENV = "DT_CP_LOAD_BALANCER"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """algorithm: "ring" (O(S/P) K/V per rank), "allgather" or "auto" (measured default).
+
+    load_balancer: layout of sequence-sharded tensors made by `shard_sequence`; attention
+    reads it to know which global positions each rank holds.
+    """
+
+    algorithm: str = "auto"
+    load_balancer: str = "none"
+
+
+def _check(algorithm: str | None, load_balancer: str | None) -> None:
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValueError(f"dt-cp: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if load_balancer is not None and load_balancer not in LOAD_BALANCERS:
+        raise ValueError(
+            f"dt-cp: load_balancer must be one of {LOAD_BALANCERS}, got {load_balancer!r}"
+        )
+
+
+def _from_env() -> Settings:
+    algorithm = os.environ.get(ALGORITHM_ENV, "auto")
+    balancer = os.environ.get(LOAD_BALANCER_ENV, "none")
+    _check(algorithm, balancer)
+    return Settings(algorithm, balancer)
+
+
+_configured: Settings | None = None
+_scoped: contextvars.ContextVar[Settings | None] = contextvars.ContextVar(
+    "dt_cp_settings", default=None
+)
+
+
+def current() -> Settings:
+    """The settings in force here and now."""
+    scoped = _scoped.get()
+    if scoped is not None:
+        return scoped
+    return _configured if _configured is not None else _from_env()
+
+
+def configure(algorithm: str | None = None, load_balancer: str | None = None) -> Settings:
+    """Set process-wide defaults (None keeps the current value); returns the new settings."""
+    global _configured
+    _check(algorithm, load_balancer)
+    base = _configured if _configured is not None else _from_env()
+    _configured = replace(
+        base,
+        algorithm=algorithm or base.algorithm,
+        load_balancer=load_balancer or base.load_balancer,
+    )
+    return _configured
+
+
+def reset() -> None:
+    """Forget `configure` calls (back to the environment)."""
+    global _configured
+    _configured = None
+
+
+@contextlib.contextmanager
+def settings(algorithm: str | None = None, load_balancer: str | None = None) -> Iterator[Settings]:
+    """Use these settings inside the block only."""
+    _check(algorithm, load_balancer)
+    base = current()
+    new = replace(
+        base,
+        algorithm=algorithm or base.algorithm,
+        load_balancer=load_balancer or base.load_balancer,
+    )
+    token = _scoped.set(new)
+    try:
+        yield new
+    finally:
+        _scoped.reset(token)

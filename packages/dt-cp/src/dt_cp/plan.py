@@ -1,0 +1,181 @@
+"""From sequence-sharded DTensors to a context-parallel plan (or the reason there is none).
+
+Supported: q, k, v on one mesh with identical placements, the sequence (dim 2 of
+(batch, heads, seq, dim)) sharded on exactly one mesh dim, other mesh dims replicated or
+sharding batch / heads evenly. Anything else falls back (exactly) with a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+
+from .algorithms import Shards
+from .config import current
+from .layout import SequenceLayout
+
+SEQ_DIM = 2
+_warned: set[str] = set()
+
+
+def warn_fallback(what: str, reason: str) -> None:
+    """Warn once per (what, reason): the fallback is exact but not context parallel."""
+    key = f"{what}: {reason}"
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(
+            f"dt-cp: {what} falls back to replicated q/k/v ({reason}); the result is exact "
+            "but every rank computes the whole attention",
+            stacklevel=4,
+        )
+
+
+@dataclass(frozen=True)
+class CpPlan:
+    mesh: DeviceMesh
+    placements: tuple[Placement, ...]
+    cp_dim: int | None  # mesh dim sharding the sequence; None: nothing to exchange
+    shards: Shards | None
+    algorithm: str
+
+
+def _norm(p: Placement, ndim: int) -> Placement:
+    if type(p) is Shard and p.dim < 0:
+        return Shard(p.dim + ndim)
+    return p
+
+
+def placements_of(t: DTensor) -> tuple[Placement, ...]:
+    return tuple(_norm(p, t.ndim) for p in t.placements)
+
+
+def make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan | str:
+    """A plan for attention over DTensors q, k, v, or why none applies."""
+    if not all(isinstance(t, DTensor) for t in (q, k, v)):
+        return "q, k and v are not all DTensors"
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        return "q, k, v are not 4-D (batch, heads, sequence, dim)"
+    mesh = q.device_mesh
+    if k.device_mesh != mesh or v.device_mesh != mesh:
+        return "q, k, v live on different meshes"
+    pq, pk, pv = placements_of(q), placements_of(k), placements_of(v)
+    if not (pq == pk == pv):
+        return f"q, k, v placements differ ({pq}, {pk}, {pv})"
+    cp_dims = [i for i, p in enumerate(pq) if type(p) is Shard and p.dim == SEQ_DIM]
+    if len(cp_dims) > 1:
+        return "the sequence is sharded over more than one mesh dim"
+    for i, p in enumerate(pq):
+        if isinstance(p, Replicate) or i in cp_dims:
+            continue
+        if type(p) is not Shard or p.dim not in (0, 1):
+            return f"placement {p} on mesh dim {i} is not supported"
+        size = mesh.size(i)
+        if p.dim == 1 and (q.shape[1] % size or k.shape[1] % size):
+            return "heads are sharded unevenly"
+        if p.dim == 0 and q.shape[0] % size:
+            return "batch is sharded unevenly"
+        if (
+            isinstance(mask, torch.Tensor)
+            and mask.dim() >= 4 - p.dim
+            and mask.shape[p.dim - 4] != 1
+        ):
+            return "attn_mask has a batch/head dim while batch/heads are sharded"
+    settings = current()
+    if not cp_dims:
+        return CpPlan(mesh, pq, None, None, settings.algorithm)
+    cp = cp_dims[0]
+    parts = mesh.size(cp)
+    shards = Shards(
+        SequenceLayout(q.shape[SEQ_DIM], parts, settings.load_balancer),
+        SequenceLayout(k.shape[SEQ_DIM], parts, settings.load_balancer),
+        mesh.get_group(cp).group_name,
+        mesh.get_local_rank(cp),
+    )
+    return CpPlan(mesh, pq, cp, shards, choose_algorithm(settings.algorithm, q))
+
+
+def choose_algorithm(algorithm: str, like: DTensor) -> str:
+    """The configured algorithm; "auto" and traced code get the measured default."""
+    from dt_core.compat.attention import is_traced
+
+    traced = is_traced(like.to_local())
+    if algorithm == "ring" and traced:
+        warn_fallback_once_compile()
+        return "allgather"
+    if algorithm == "auto":
+        return "allgather" if traced else DEFAULT_ALGORITHM
+    return algorithm
+
+
+# Chosen by measurement (benchmarks/run.py): see README.
+DEFAULT_ALGORITHM = "ring"
+
+
+def warn_fallback_once_compile() -> None:
+    key = "ring under torch.compile"
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(
+            "dt-cp: the ring algorithm runs eagerly only (point-to-point sends do not trace); "
+            "under torch.compile the exact all-gather algorithm is used instead",
+            stacklevel=4,
+        )
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def as_dtensor(
+    local: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement], shape: Sequence[int]
+) -> DTensor:
+    """Wrap a local shard whose global shape we know (no shape all-gather)."""
+    return DTensor.from_local(
+        local,
+        mesh,
+        list(placements),
+        run_check=False,
+        shape=torch.Size(shape),
+        stride=contiguous_strides(shape),
+    )
+
+
+def to_placements(t: object, mesh: DeviceMesh, placements: Sequence[Placement]) -> object:
+    """`t` (a DTensor) redistributed to `placements`; plain tensors pass through."""
+    if isinstance(t, DTensor) and tuple(t.placements) != tuple(placements):
+        return t.redistribute(mesh, list(placements))
+    return t
+
+
+def full_mask(mask: object, q_len: int, kv_len: int) -> torch.Tensor | None:
+    """The user's attn_mask as a plain tensor broadcast to (..., L, S) (a view)."""
+    if mask is None:
+        return None
+    if isinstance(mask, DTensor):
+        mask = mask.full_tensor()
+    if mask.dim() < 2:
+        return torch.broadcast_to(mask, (q_len, kv_len))
+    return torch.broadcast_to(mask, (*mask.shape[:-2], q_len, kv_len))
+
+
+def batch_head_offsets(t: DTensor) -> tuple[int, int]:
+    """Global index of the first local batch row and head (mods see global indices)."""
+    mesh = t.device_mesh
+    offsets = []
+    for dim in (0, 1):
+        offset, size = 0, t.shape[dim]
+        for i, p in enumerate(placements_of(t)):
+            if type(p) is Shard and p.dim == dim:
+                size //= mesh.size(i)
+                offset += mesh.get_local_rank(i) * size
+        offsets.append(offset)
+    return offsets[0], offsets[1]
