@@ -92,7 +92,11 @@ def settings_from_env(environ: dict[str, str] | None = None) -> FsdpPassSettings
         values["overlap"] = _parse_bool(ENV_OVERLAP, env[ENV_OVERLAP])
     if ENV_MAX_EXTRA_MB in env:
         values["overlap_max_extra_mb"] = _parse_float(ENV_MAX_EXTRA_MB, env[ENV_MAX_EXTRA_MB])
-    return _validated(FsdpPassSettings(**values))
+    try:
+        return _validated(FsdpPassSettings(**values))
+    except ValueError as error:
+        used = [f"{k}={env[k]!r}" for k in (ENV_MODE, ENV_BUCKET_CAP_MB, ENV_OVERLAP) if k in env]
+        raise ValueError(f"{error} (from the environment: {', '.join(used)})") from None
 
 
 _lock = threading.Lock()

@@ -5,6 +5,8 @@ Interface:
     inductor_settings(**values) -> context manager   (patch torch._inductor.config)
     run_and_get_code(fn, *args) -> (result, [source]) (Inductor's generated code)
     inductor_counters() -> dict                      (torch._dynamo.utils.counters["inductor"])
+    clear_inductor_counters()
+    compile_caches(enabled) -> context manager       (FX graph + AOT autograd caches on/off)
 """
 
 from __future__ import annotations
@@ -53,3 +55,21 @@ def clear_inductor_counters() -> None:
     from torch._dynamo.utils import counters
 
     counters["inductor"].clear()
+
+
+def compile_caches(enabled: bool) -> AbstractContextManager[Any]:
+    """Turn Inductor's FX graph cache and AOTAutograd's cache on or off for a block.
+
+    Off makes every compile run the graph passes (kernel code caches stay on, so the
+    C++ compile of an unchanged kernel is still reused).
+    """
+    ensure_supported_torch()
+    import contextlib
+
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(fx_graph_cache=enabled))
+    stack.enter_context(functorch_config.patch(enable_autograd_cache=enabled))
+    return stack
