@@ -1,0 +1,75 @@
+"""Private torch APIs used by the `fsdp-passes` plugin (dt-fsdp-passes).
+
+Interface:
+    fake_mode_for(values) -> FakeTensorMode | None   (the fake mode of a post-grad graph)
+    inductor_settings(**values) -> context manager   (patch torch._inductor.config)
+    run_and_get_code(fn, *args) -> (result, [source]) (Inductor's generated code)
+    inductor_counters() -> dict                      (torch._dynamo.utils.counters["inductor"])
+    clear_inductor_counters()
+    compile_caches(enabled) -> context manager       (FX graph + AOT autograd caches on/off)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from . import ensure_supported_torch
+
+
+def fake_mode_for(values: Iterable[Any]) -> Any:
+    """The FakeTensorMode that produced `values` (node.meta["val"] of a graph), or None."""
+    ensure_supported_torch()
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode(list(values))
+
+
+def inductor_settings(**values: Any) -> AbstractContextManager[Any]:
+    """Temporarily set torch._inductor.config entries (e.g. fx_graph_cache=False)."""
+    ensure_supported_torch()
+    import torch._inductor.config as config
+
+    return config.patch(values)
+
+
+def run_and_get_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+    """Run `fn` (which compiles with Inductor) and return its result and generated code."""
+    ensure_supported_torch()
+    from torch._inductor.utils import run_and_get_code as _run_and_get_code
+
+    return _run_and_get_code(fn, *args, **kwargs)
+
+
+def inductor_counters() -> dict[str, int]:
+    """A copy of Inductor's event counters (fxgraph_cache_hit / _miss / _bypass, ...)."""
+    ensure_supported_torch()
+    from torch._dynamo.utils import counters
+
+    return dict(counters["inductor"])
+
+
+def clear_inductor_counters() -> None:
+    ensure_supported_torch()
+    from torch._dynamo.utils import counters
+
+    counters["inductor"].clear()
+
+
+def compile_caches(enabled: bool) -> AbstractContextManager[Any]:
+    """Turn Inductor's FX graph cache and AOTAutograd's cache on or off for a block.
+
+    Off makes every compile run the graph passes (kernel code caches stay on, so the
+    C++ compile of an unchanged kernel is still reused).
+    """
+    ensure_supported_torch()
+    import contextlib
+
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(inductor_config.patch(fx_graph_cache=enabled))
+    stack.enter_context(functorch_config.patch(enable_autograd_cache=enabled))
+    return stack

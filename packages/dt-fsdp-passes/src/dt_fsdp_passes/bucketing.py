@@ -1,0 +1,351 @@
+"""Bucket SimpleFSDP's per-parameter all-gathers and reduce-scatters in a post-grad graph.
+
+FSDP all-gather: its input derives from exactly one graph input (the parameter shard,
+maybe cast or padded) and no collective. FSDP reduce-scatter: its waited result flows
+only to graph outputs through single-input ops (the gradient's way out). Only collectives
+adjacent in that sequence, on the same group, with the same dtype (and reduce op) share a
+bucket, and the grouping depends only on the sequence and the shapes, which are the same
+on every rank, so every rank issues the same collectives in the same order.
+
+All-gather bucket: cat(flat shards) -> one all_gather -> view [world, total] -> per
+parameter [world, n_i] slice -> reshape to [world * s_i, ...], exactly what each
+per-parameter all-gather returned (rank-major concatenation of shards).
+Reduce-scatter bucket: each full gradient [world * c_i, ...] is viewed [world, m_i]
+(row r = rank r's chunk), the views are concatenated along dim 1, so rank r's chunk of
+the flat buffer is its chunks of every gradient in turn; one reduce_scatter, then
+split [m_i] and view [c_i, ...]. Uneven Shard(0) is padded by DTensor before the
+collective, so every collective here already has equal per-rank chunks.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from dt_fsdp_passes.graph_utils import (
+    ALL_GATHER,
+    COLLECTIVES,
+    REDUCE_SCATTER,
+    WAIT,
+    ancestors,
+    is_call,
+    nbytes,
+    set_fake_val,
+    single_wait,
+    val,
+)
+
+aten = torch.ops.aten
+FSDP_META = "dt_fsdp_collective"  # node.meta flag: an FSDP collective (bucketed or not)
+MB = 1024 * 1024
+
+
+@dataclass
+class Collective:
+    """One FSDP collective: the collective node, its wait, and what bucketing needs."""
+
+    node: fx.Node
+    wait: fx.Node
+    input: fx.Node
+    group_name: str
+    group_size: int
+    dtype: torch.dtype
+    reduce_op: str | None
+    wire_bytes: int  # gathered (all-gather) or full (reduce-scatter) bytes
+    module_key: str | None
+
+
+@dataclass
+class Bucket:
+    kind: str  # "all_gather" | "reduce_scatter"
+    members: list[Collective] = field(default_factory=list)
+
+    @property
+    def wire_bytes(self) -> int:
+        return sum(m.wire_bytes for m in self.members)
+
+
+def _ag_args(node: fx.Node) -> tuple[fx.Node, int, str]:
+    args = list(node.args) + [node.kwargs.get(k) for k in ("group_size", "group_name")]
+    return args[0], int(args[1]), str(args[2])  # type: ignore[return-value]
+
+
+def _rs_args(node: fx.Node) -> tuple[fx.Node, str, int, str]:
+    args = list(node.args)
+    for name in ("reduce_op", "group_size", "group_name")[len(args) - 1 :]:
+        args.append(node.kwargs[name])
+    return args[0], str(args[1]), int(args[2]), str(args[3])  # type: ignore[return-value]
+
+
+_ROOT = re.compile(r"^[LG]\[[^\]]*\]")
+_WRAPPER_PARTS = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module", "module"}
+
+
+def _module_key(node: fx.Node) -> str | None:
+    """The block a collective belongs to: `child` or `child.<index>` below the root module.
+
+    Read from the module path Dynamo records in node meta (`L['self'].layers.0.fc1`, or
+    `fwd_nn_module_stack` on backward nodes); wrapper attributes are skipped.
+    """
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return None
+    entries = list(stack.values())
+    leaf = entries[-1][0] if isinstance(entries[-1], tuple) else str(entries[-1])
+    parts = [p for p in _ROOT.sub("", leaf).split(".") if p and p not in _WRAPPER_PARTS]
+    if not parts:
+        return "<root>"
+    key = parts[:2] if len(parts) > 1 and parts[1].isdigit() else parts[:1]
+    return ".".join(key)
+
+
+def _from_one_input(node: fx.Node) -> bool:
+    """Derives from exactly one graph input, through no collective."""
+    found = ancestors(node)
+    placeholders = [n for n in found if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        return False
+    return not any(n.op == "call_function" and n.target in COLLECTIVES + (WAIT,) for n in found)
+
+
+def _flows_only_to_outputs(wait: fx.Node) -> bool:
+    if not wait.users:
+        return False
+    stack, seen = [wait], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for user in node.users:
+            if user.op == "output":
+                continue
+            if len(user.all_input_nodes) != 1:
+                return False
+            stack.append(user)
+    return True
+
+
+def find_fsdp_all_gathers(graph: fx.Graph) -> list[Collective]:
+    found = []
+    for node in graph.nodes:
+        if not is_call(node, ALL_GATHER):
+            continue
+        wait = single_wait(node)
+        inp, size, group = _ag_args(node)
+        value = val(inp)
+        if wait is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        if not _from_one_input(node):
+            continue
+        found.append(
+            Collective(
+                node,
+                wait,
+                inp,
+                group,
+                size,
+                value.dtype,
+                None,
+                nbytes(val(node)),
+                _module_key(node),
+            )
+        )
+    return found
+
+
+def find_fsdp_reduce_scatters(graph: fx.Graph) -> list[Collective]:
+    found = []
+    for node in graph.nodes:
+        if not is_call(node, REDUCE_SCATTER):
+            continue
+        wait = single_wait(node)
+        inp, op, size, group = _rs_args(node)
+        value = val(inp)
+        if wait is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        if value.shape[0] % size != 0 or not _flows_only_to_outputs(wait):
+            continue
+        found.append(
+            Collective(
+                node, wait, inp, group, size, value.dtype, op, nbytes(value), _module_key(node)
+            )
+        )
+    return found
+
+
+def plan_buckets(
+    collectives: Sequence[Collective], kind: str, mode: str, cap_bytes: float
+) -> list[Bucket]:
+    """Split the sequence into buckets of adjacent compatible collectives."""
+    buckets: list[Bucket] = []
+    current: Bucket | None = None
+    for coll in collectives:
+        if current is not None:
+            last = current.members[-1]
+            compatible = (last.group_name, last.group_size, last.dtype, last.reduce_op) == (
+                coll.group_name,
+                coll.group_size,
+                coll.dtype,
+                coll.reduce_op,
+            )
+            if mode == "module":
+                fits = coll.module_key is not None and coll.module_key == last.module_key
+            else:
+                fits = current.wire_bytes + coll.wire_bytes <= cap_bytes
+            if compatible and fits:
+                current.members.append(coll)
+                continue
+        current = Bucket(kind, [coll])
+        buckets.append(current)
+    return buckets
+
+
+def _copy_meta(new: fx.Node, like: fx.Node) -> None:
+    for key in ("nn_module_stack", "fwd_nn_module_stack", "stack_trace", "seq_nr"):
+        if key in like.meta:
+            new.meta[key] = like.meta[key]
+
+
+def _emit(graph: fx.Graph, fake_mode: Any, like: fx.Node, target: Any, *args: Any) -> fx.Node:
+    node = graph.call_function(target, tuple(args))
+    set_fake_val(node, fake_mode)
+    _copy_meta(node, like)
+    return node
+
+
+def merge_all_gathers(graph: fx.Graph, bucket: Bucket, fake_mode: Any) -> fx.Node:
+    """Replace the bucket's all-gathers by one; returns the new all-gather node."""
+    members = bucket.members
+    first = members[0]
+    world = first.group_size
+    # The shards' producers (casts, padding) depend only on graph inputs: move them ahead.
+    where = _positions(graph)
+    start = where[first.node]
+    moved = set()
+    for m in members:
+        moved |= {a for a in ancestors(m.node) if a.op != "placeholder" and where[a] > start}
+    for node in [n for n in graph.nodes if n in moved]:
+        first.node.prepend(node)
+    with graph.inserting_before(first.node):
+        flats = [
+            _emit(graph, fake_mode, m.node, aten.reshape.default, m.input, [-1]) for m in members
+        ]
+        numels = [int(val(f).numel()) for f in flats]
+        flat = (
+            flats[0]
+            if len(flats) == 1
+            else _emit(graph, fake_mode, first.node, aten.cat.default, flats)
+        )
+        gather = _emit(graph, fake_mode, first.node, ALL_GATHER, flat, world, first.group_name)
+    where = _positions(graph)
+    first_wait = min((m.wait for m in members), key=where.__getitem__)
+    with graph.inserting_before(first_wait):
+        wait = _emit(graph, fake_mode, first.wait, WAIT, gather)
+        grid = _emit(graph, fake_mode, first.wait, aten.reshape.default, wait, [world, sum(numels)])
+        pieces = _emit(graph, fake_mode, first.wait, aten.split_with_sizes.default, grid, numels, 1)
+        for i, m in enumerate(members):
+            piece = graph.call_function(operator.getitem, (pieces, i))
+            piece.meta["val"] = val(pieces)[i]
+            shape = list(val(m.node).shape)
+            out = _emit(graph, fake_mode, m.wait, aten.reshape.default, piece, shape)
+            m.wait.replace_all_uses_with(out)
+    for m in members:
+        graph.erase_node(m.wait)
+        graph.erase_node(m.node)
+    return gather
+
+
+def merge_reduce_scatters(graph: fx.Graph, bucket: Bucket, fake_mode: Any) -> fx.Node:
+    """Replace the bucket's reduce-scatters by one; returns the new reduce-scatter node."""
+    members = bucket.members
+    first = members[0]
+    world = first.group_size
+    where = _positions(graph)
+    last = max((m.node for m in members), key=where.__getitem__)
+    # The gradients' ways out (views, casts) must follow the new wait: collect them first.
+    downstream: list[fx.Node] = []
+    for m in members:
+        stack = list(m.wait.users)
+        while stack:
+            node = stack.pop()
+            if node.op != "output" and node not in downstream:
+                downstream.append(node)
+                stack.extend(node.users)
+    with graph.inserting_before(last.next):
+        nodes: list[fx.Node] = []
+
+        def emit(like: fx.Node, target: Any, *args: Any) -> fx.Node:
+            nodes.append(_emit(graph, fake_mode, like, target, *args))
+            return nodes[-1]
+
+        rows = [emit(m.node, aten.reshape.default, m.input, [world, -1]) for m in members]
+        widths = [int(val(r).shape[1]) for r in rows]
+        grid = rows[0] if len(rows) == 1 else emit(first.node, aten.cat.default, rows, 1)
+        flat = emit(first.node, aten.reshape.default, grid, [-1])
+        scatter = emit(first.node, REDUCE_SCATTER, flat, first.reduce_op, world, first.group_name)
+        wait = emit(first.wait, WAIT, scatter)
+        pieces = emit(first.wait, aten.split_with_sizes.default, wait, widths)
+        outs = []
+        for i, m in enumerate(members):
+            piece = graph.call_function(operator.getitem, (pieces, i))
+            piece.meta["val"] = val(pieces)[i]
+            nodes.append(piece)
+            outs.append(emit(m.wait, aten.reshape.default, piece, list(val(m.wait).shape)))
+    cursor = nodes[-1]
+    for m, out in zip(members, outs, strict=True):
+        m.wait.replace_all_uses_with(out)
+    for node in sorted(downstream, key=where.__getitem__):
+        cursor.append(node)
+        cursor = node
+    for m in members:
+        graph.erase_node(m.wait)
+        graph.erase_node(m.node)
+    return scatter
+
+
+def _positions(graph: fx.Graph) -> dict[fx.Node, int]:
+    return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def bucket_graph(
+    graph: fx.Graph, mode: str, cap_mb: float, fake_mode: Any, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Bucket FSDP all-gathers and reduce-scatters; returns counts for the pass's stats."""
+    gathers = find_fsdp_all_gathers(graph)
+    scatters = find_fsdp_reduce_scatters(graph)
+    stats: dict[str, Any] = {
+        "all_gather_before": len(gathers),
+        "reduce_scatter_before": len(scatters),
+    }
+    if mode == "module" and any(c.module_key is None for c in gathers + scatters):
+        log("module structure missing from the graph's node meta; bucketing by size instead")
+        mode = "size"
+    cap_bytes = cap_mb * MB
+    ag_buckets = plan_buckets(gathers, "all_gather", mode, cap_bytes)
+    rs_buckets = plan_buckets(scatters, "reduce_scatter", mode, cap_bytes)
+    for bucket in ag_buckets:
+        node = bucket.members[0].node
+        if len(bucket.members) > 1:
+            node = merge_all_gathers(graph, bucket, fake_mode)
+        node.meta[FSDP_META] = True
+    for bucket in rs_buckets:
+        node = bucket.members[0].node
+        if len(bucket.members) > 1:
+            node = merge_reduce_scatters(graph, bucket, fake_mode)
+        node.meta[FSDP_META] = True
+    stats["all_gather_after"] = len(ag_buckets)
+    stats["reduce_scatter_after"] = len(rs_buckets)
+    stats["all_gather_bucket_bytes"] = [b.wire_bytes for b in ag_buckets]
+    stats["reduce_scatter_bucket_bytes"] = [b.wire_bytes for b in rs_buckets]
+    stats["bucket_modules"] = [sorted({str(m.module_key) for m in b.members}) for b in ag_buckets]
+    return stats
+
+
+__all__ = ["Bucket", "Collective", "bucket_graph", "plan_buckets"]

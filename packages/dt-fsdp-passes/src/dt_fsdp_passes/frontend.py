@@ -1,0 +1,184 @@
+"""SimpleFSDP front end: parameters stored as Shard(0) DTensors, gathered on access.
+
+Each module that owns parameters gets a subclass whose class-level properties shadow the
+parameter names: reading `module.weight` all-gathers the stored Shard(0) DTensor into a
+plain full tensor (`redistribute` to Replicate), and its gradient comes back as a
+Partial("avg") DTensor that `redistribute`'s backward reduce-scatters into the shard's
+gradient. Under torch.compile that is functional `all_gather_into_tensor` /
+`reduce_scatter_tensor` + `wait_tensor` in the graph, which the bucketing passes then
+merge. `reshard_after_forward=True` wraps the gather in a selective checkpoint that
+forces recomputation, so backward gathers again instead of keeping full parameters alive
+(effective under torch.compile, where the partitioner obeys the policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+_SUBCLASS_CACHE: dict[tuple[type, tuple[str, ...]], type] = {}
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """Dtypes of the gathered parameters (compute) and of the gradient reduce-scatter.
+
+    None keeps the stored parameter's dtype. The optimizer always sees gradients in the
+    stored dtype.
+    """
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+
+
+@dataclass(frozen=True)
+class _GatherSpec:
+    mp: MixedPrecision
+    reshard_after_forward: bool
+
+
+def _gather(param: Any, mp: MixedPrecision) -> torch.Tensor:
+    """Shard(0) DTensor -> full local tensor; backward reduce-scatters the averaged grad."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    ndim = param.device_mesh.ndim
+    full = param.redistribute(
+        placements=[Replicate()] * ndim,
+        forward_dtype=mp.param_dtype,
+        backward_dtype=mp.reduce_dtype,
+    )
+    return full.to_local(grad_placements=[Partial("avg")] * ndim)
+
+
+def _recompute_gathers_policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Selective-checkpoint policy: never save a gather's output; recompute it in backward."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    c10d = torch.ops._c10d_functional
+    if func in (c10d.all_gather_into_tensor.default, c10d.wait_tensor.default):
+        return CheckpointPolicy.MUST_RECOMPUTE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _recompute_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_recompute_gathers_policy)
+
+
+def _gathered(param: Any, spec: _GatherSpec) -> torch.Tensor:
+    if not spec.reshard_after_forward or not torch.is_grad_enabled():
+        return _gather(param, spec.mp)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(
+        _gather,
+        param,
+        spec.mp,
+        use_reentrant=False,
+        context_fn=_recompute_context,
+    )
+
+
+def _property_for(name: str) -> property:
+    def getter(self: nn.Module) -> torch.Tensor:
+        param = self._parameters[name]
+        return _gathered(param, self._dt_fsdp_spec)
+
+    def setter(self: nn.Module, value: Any) -> None:
+        # nn.Module.__setattr__ is bypassed by the property: keep its Parameter handling.
+        if isinstance(value, nn.Parameter) or value is None:
+            self._parameters[name] = value
+        else:
+            raise TypeError(
+                f"simple_fsdp: cannot assign a plain tensor to sharded parameter {name!r}; "
+                "assign an nn.Parameter holding a Shard(0) DTensor"
+            )
+
+    return property(getter, setter)
+
+
+def _sharded_subclass(cls: type, names: tuple[str, ...]) -> type:
+    key = (cls, names)
+    sub = _SUBCLASS_CACHE.get(key)
+    if sub is None:
+        attrs = {name: _property_for(name) for name in names}
+        attrs["_dt_fsdp_original_class"] = cls
+        sub = type(f"SimpleFSDP{cls.__name__}", (cls,), attrs)
+        _SUBCLASS_CACHE[key] = sub
+    return sub
+
+
+def _check_mesh(mesh: Any) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise TypeError(f"simple_fsdp: mesh must be a DeviceMesh, got {type(mesh).__name__}")
+    if mesh.ndim != 1:
+        raise ValueError(
+            f"simple_fsdp: only 1-D meshes are supported (got {mesh.ndim}-D); "
+            "hybrid sharding (HSDP) is not implemented"
+        )
+
+
+def _shard_parameter(param: nn.Parameter, mesh: Any) -> nn.Parameter:
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    if isinstance(param.data, DTensor):
+        raise ValueError("simple_fsdp: parameter is already a DTensor (applied twice?)")
+    if param.dim() == 0:
+        raise ValueError(
+            "simple_fsdp: 0-dim parameters cannot be Shard(0); reshape them to (1,) first"
+        )
+    sharded = distribute_tensor(param.detach(), mesh, [Shard(0)])
+    return nn.Parameter(sharded, requires_grad=param.requires_grad)
+
+
+def simple_fsdp(
+    module: nn.Module,
+    mesh: Any,
+    reshard_after_forward: bool = True,
+    mp_policy: MixedPrecision | None = None,
+) -> nn.Module:
+    """Shard every parameter of `module` as Shard(0) over the 1-D `mesh`, in place.
+
+    Reading a parameter inside forward all-gathers it; its gradient is reduce-scattered
+    and averaged over the mesh, so each rank trains on its own batch and the result
+    matches the unsharded model on the concatenated batch. Returns `module`.
+    Every rank must call this with identical parameters (e.g. the same seed).
+    """
+    _check_mesh(mesh)
+    spec = _GatherSpec(mp_policy or MixedPrecision(), bool(reshard_after_forward))
+    for submodule in list(module.modules()):
+        names = tuple(name for name, p in submodule._parameters.items() if p is not None)
+        if not names:
+            continue
+        if getattr(submodule, "_dt_fsdp_spec", None) is not None:
+            raise ValueError("simple_fsdp: module already sharded")
+        for name in names:
+            submodule._parameters[name] = _shard_parameter(submodule._parameters[name], mesh)
+        submodule.__class__ = _sharded_subclass(type(submodule), names)
+        object.__setattr__(submodule, "_dt_fsdp_spec", spec)
+    return module
+
+
+def gathered_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) copies of all parameters, by name: for checks and checkpoints."""
+    from torch.distributed.tensor import DTensor
+
+    out: dict[str, torch.Tensor] = {}
+    for name, param in module.named_parameters():
+        value = param.detach()
+        out[name] = value.full_tensor() if isinstance(value, DTensor) else value.clone()
+    return out
+
+
+def is_simple_fsdp(module: nn.Module) -> bool:
+    """Whether simple_fsdp has been applied to `module` or one of its submodules."""
+    return any(getattr(m, "_dt_fsdp_spec", None) is not None for m in module.modules())
+
+
+__all__: list[str] = ["MixedPrecision", "gathered_state", "is_simple_fsdp", "simple_fsdp"]

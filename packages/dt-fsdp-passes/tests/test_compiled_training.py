@@ -1,0 +1,178 @@
+"""simple_fsdp trains like the unsharded model, eager and compiled, with bucketed collectives.
+
+Each rank body compiles once (fwd + bwd) and runs several checks: numerics against the
+unsharded model (losses and parameters after a few steps), the collective counts the
+passes report before and after bucketing, and the counts in Inductor's generated code.
+FX graph / AOTAutograd caches are off inside the bodies so the passes always run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+TOL = 2e-6  # fp32: reduction order differs between sharded and unsharded math
+
+
+def _records(kind: str) -> list[dict]:
+    from dt_fsdp_passes.passes import pass_log
+
+    return [r for r in pass_log() if r["pass"] == kind]
+
+
+def _mlp_size_buckets() -> dict:
+    import dt_fsdp_passes
+    import torch
+    from dt_core.compat.fsdp import compile_caches, run_and_get_code
+    from dt_core.testing import cpu_mesh
+    from dt_fsdp_passes.models import MLP, mse, train_and_compare, twin
+    from dt_fsdp_passes.passes import clear_pass_log
+
+    torch._dynamo.reset()
+    clear_pass_log()
+    width, depth = 16, 6
+    cap_mb = 2 * width * width * 4 / 2**20  # two weights per bucket
+    dt_fsdp_passes.configure(mode="size", bucket_cap_mb=cap_mb, overlap=True)
+    torch.manual_seed(0)
+    reference = MLP(width, depth)
+    sharded = dt_fsdp_passes.simple_fsdp(
+        twin(reference), cpu_mesh(torch.distributed.get_world_size())
+    )
+    compiled = torch.compile(sharded)
+    batches = [(torch.randn(8, width), torch.randn(8, width)) for _ in range(3)]
+    codes: list[str] = []
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if codes:
+            return compiled(x)
+        out, code = run_and_get_code(lambda: compiled(x))
+        codes.extend(code)
+        return out
+
+    try:
+        with compile_caches(False):
+            errors = train_and_compare(
+                reference, sharded, run, batches, mse, lambda p: torch.optim.AdamW(p, lr=1e-2)
+            )
+    finally:
+        dt_fsdp_passes.configure(reset=True)
+    code = "\n".join(codes)
+    return {
+        "errors": errors,
+        "bucket": _records("bucket"),
+        "overlap": _records("overlap"),
+        "code_all_gathers": code.count("= torch.ops._c10d_functional.all_gather_into_tensor."),
+        "code_reduce_scatters": code.count("= torch.ops._c10d_functional.reduce_scatter_tensor."),
+    }
+
+
+@pytest.mark.ranks(2, timeout=300)
+def test_compiled_mlp_buckets_by_size_and_matches_unsharded() -> None:
+    result = _mlp_size_buckets()
+    assert result["errors"]["loss"] < TOL and result["errors"]["params"] < TOL, result["errors"]
+    forward, backward = result["bucket"][:2]
+    depth = 6
+    assert forward["all_gather_before"] == depth
+    assert forward["all_gather_after"] == math.ceil(depth * 1024 / 2048) == 3
+    # reshard_after_forward: backward gathers again (all weights but the first layer's).
+    assert backward["all_gather_before"] == depth - 1
+    assert backward["reduce_scatter_before"] == depth
+    assert backward["reduce_scatter_after"] == 3
+    assert all(r["overlap_applied"] for r in result["overlap"][:2]), result["overlap"]
+    # The generated forward code issues exactly the bucketed all-gathers.
+    assert result["code_all_gathers"] == 3, result
+    assert result["code_reduce_scatters"] == 0, result
+
+
+def _transformer_by_module() -> dict:
+    import dt_fsdp_passes
+    import torch
+    from dt_core.compat.fsdp import compile_caches
+    from dt_core.testing import cpu_mesh
+    from dt_fsdp_passes.models import Transformer, cross_entropy, train_and_compare, twin
+    from dt_fsdp_passes.passes import clear_pass_log
+
+    world = torch.distributed.get_world_size()
+    mesh = cpu_mesh(world)
+    torch.manual_seed(1)
+    reference = Transformer()
+    batches = [(torch.randint(0, 11, (4, 6)), torch.randint(0, 11, (4, 6))) for _ in range(3)]
+
+    def sgd(p):
+        return torch.optim.SGD(p, lr=0.5)
+
+    # Eager simple_fsdp (no reshard) first: same numerics, no compiler involved.
+    eager = dt_fsdp_passes.simple_fsdp(twin(reference), mesh, reshard_after_forward=False)
+    eager_errors = train_and_compare(twin(reference), eager, eager, batches, cross_entropy, sgd)
+
+    torch._dynamo.reset()
+    clear_pass_log()
+    dt_fsdp_passes.configure(mode="module", overlap=True)
+    sharded = dt_fsdp_passes.simple_fsdp(twin(reference), mesh)
+    try:
+        with compile_caches(False):
+            errors = train_and_compare(
+                reference, sharded, torch.compile(sharded), batches, cross_entropy, sgd
+            )
+    finally:
+        dt_fsdp_passes.configure(reset=True)
+    return {"eager": eager_errors, "compiled": errors, "bucket": _records("bucket")}
+
+
+@pytest.mark.ranks(2, timeout=300)
+def test_transformer_eager_and_compiled_per_module_buckets() -> None:
+    result = _transformer_by_module()
+    for name in ("eager", "compiled"):
+        errors = result[name]
+        assert errors["loss"] < TOL and errors["params"] < TOL, (name, errors)
+    forward, backward = result["bucket"][:2]
+    blocks = [["embed"], ["layers.0"], ["layers.1"], ["norm"], ["head"]]
+    assert forward["bucket_modules"] == blocks
+    assert forward["all_gather_before"] == 1 + 2 * 12 + 2 + 2  # embed, 2 blocks, norm, head
+    assert forward["all_gather_after"] == len(blocks)
+    assert backward["reduce_scatter_after"] == len(blocks)
+    assert backward["reduce_scatter_before"] == forward["all_gather_before"]
+
+
+def _uneven_four_ranks() -> dict:
+    import dt_fsdp_passes
+    import torch
+    from dt_core.compat.fsdp import compile_caches
+    from dt_core.testing import cpu_mesh
+    from dt_fsdp_passes.models import mse, train_and_compare, twin
+    from dt_fsdp_passes.passes import clear_pass_log
+    from torch import nn
+
+    torch._dynamo.reset()
+    clear_pass_log()
+    torch.manual_seed(2)
+    # 5, 3 and 2 rows over 4 ranks: uneven and empty shards, biases included.
+    reference = nn.Sequential(
+        nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3), nn.Tanh(), nn.Linear(3, 2)
+    )
+    sharded = dt_fsdp_passes.simple_fsdp(twin(reference), cpu_mesh(4))
+    batches = [(torch.randn(8, 6), torch.randn(8, 2)) for _ in range(3)]
+    dt_fsdp_passes.configure(mode="size", bucket_cap_mb=1.0, overlap=True)
+    try:
+        with compile_caches(False):
+            errors = train_and_compare(
+                reference,
+                sharded,
+                torch.compile(sharded),
+                batches,
+                mse,
+                lambda p: torch.optim.SGD(p, lr=0.3, momentum=0.9),
+            )
+    finally:
+        dt_fsdp_passes.configure(reset=True)
+    return {"errors": errors, "bucket": _records("bucket")}
+
+
+@pytest.mark.ranks(4, timeout=300)
+def test_uneven_shards_on_four_ranks_one_bucket_each_way() -> None:
+    result = _uneven_four_ranks()
+    assert result["errors"]["loss"] < TOL and result["errors"]["params"] < TOL, result["errors"]
+    forward, backward = result["bucket"][:2]
+    assert (forward["all_gather_before"], forward["all_gather_after"]) == (6, 1)
+    assert (backward["reduce_scatter_before"], backward["reduce_scatter_after"]) == (6, 1)
