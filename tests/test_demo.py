@@ -38,7 +38,7 @@ def test_small_demo_passes_every_installed_stage() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     table = done.stdout[done.stdout.index("| feature") :]
     for package, module in PLUGINS.items():
-        row = next(line for line in table.splitlines() if package in line)
+        row = next(line for line in table.splitlines() if line.startswith(f"| {package} |"))
         if find_spec(module) is None:
             assert "not installed" in row
         else:
