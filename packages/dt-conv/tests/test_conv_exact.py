@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from dt_core.testing import cpu_mesh
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 def check(
@@ -26,16 +27,18 @@ def check(
     seed: int = 0,
     needs: tuple[bool, bool, bool] = (True, True, True),
     w_placements: list | None = None,
+    transposed: bool = False,
     **kw: Any,
 ) -> str | None:
     """Run one case sharded and unsharded; return a description of any mismatch."""
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    conv = CONV[len(x_shape) - 2]
+    conv = (CONV_T if transposed else CONV)[len(x_shape) - 2]
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(x_shape, generator=gen, dtype=torch.float64)
     w = torch.randn(w_shape, generator=gen, dtype=torch.float64)
-    b = torch.randn(w_shape[0], generator=gen, dtype=torch.float64) if bias else None
+    out_channels = w_shape[1] * kw.get("groups", 1) if transposed else w_shape[0]
+    b = torch.randn(out_channels, generator=gen, dtype=torch.float64) if bias else None
     ref = [t.clone().requires_grad_(n) if t is not None else None for t, n in zip((x, w, b), needs)]
     y_ref = conv(*ref, **kw)
     g = torch.randn(y_ref.shape, generator=gen, dtype=torch.float64)
@@ -195,7 +198,7 @@ def test_unsupported_layouts_fall_back_exactly_and_warn_once() -> None:
     w = torch.randn(3, 2, 3, 3, generator=gen, dtype=torch.float64)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        xd = distribute_tensor(x, mesh, [Shard(2)])
+        xd = distribute_tensor(x, mesh, [Shard(1)])
         wd = distribute_tensor(w, mesh, [Replicate()])
         y = F.conv_transpose2d(xd, wd, padding=1)
     assert torch.allclose(y.full_tensor(), F.conv_transpose2d(x, w, padding=1))
@@ -271,3 +274,72 @@ def test_partial_input_falls_back_to_a_replicated_exact_result() -> None:
     assert y.placements == (Replicate(),)
     assert torch.allclose(y.to_local(), F.conv2d(x, w, padding=1))
     assert any("Partial" in str(c.message) for c in caught)
+
+
+def transposed_cases(placements: list, sizes: tuple) -> list[tuple]:
+    cases = []
+    for size, k, stride, pad, dil, out_pad in itertools.product(
+        sizes, (1, 2, 3, 4), (1, 2, 3), (0, 1, 2), (1, 2), (0, 1)
+    ):
+        if (
+            out_pad >= max(stride, dil)
+            or (size - 1) * stride - 2 * pad + dil * (k - 1) + out_pad < 0
+        ):
+            continue
+        kw = {"stride": stride, "padding": pad, "dilation": dil, "output_padding": out_pad}
+        x_shape = [2, 2, 5, 4]
+        x_shape[placements[0].dim] = size
+        cases.append(
+            (placements, tuple(x_shape), (2, 3, k, 3), k % 2 == 0, {**kw, "transposed": True})
+        )
+    return cases
+
+
+@pytest.mark.ranks(2)
+def test_transposed_conv_on_2_ranks() -> None:
+    from torch.distributed.tensor import Shard
+
+    mesh = cpu_mesh(2)
+    cases = transposed_cases([Shard(2)], (1, 4, 7))
+    cases += [
+        (
+            [Shard(2)],
+            (2, 4, 9),
+            (4, 1, 3),
+            True,
+            {"stride": 2, "padding": 1, "groups": 2, "transposed": True},
+        ),
+        (
+            [Shard(3)],
+            (1, 2, 4, 5, 6),
+            (2, 2, 3, 2, 3),
+            True,
+            {"stride": 2, "padding": 1, "transposed": True},
+        ),
+        ([Shard(0)], (3, 2, 5, 5), (2, 2, 3, 3), True, {"stride": 2, "transposed": True}),
+    ]
+    run_cases(mesh, cases)
+
+
+@pytest.mark.ranks(4)
+def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
+    from torch.distributed.tensor import Shard
+
+    run_cases(cpu_mesh(4), transposed_cases([Shard(2)], (2, 5)))
+    cases = [
+        (
+            [Shard(2), Shard(3)],
+            (1, 2, 5, 6),
+            (2, 3, 3, 3),
+            True,
+            {"stride": 2, "padding": 1, "transposed": True},
+        ),
+        (
+            [Shard(3), Shard(0)],
+            (2, 2, 4, 7),
+            (2, 2, 4, 2),
+            False,
+            {"stride": 3, "output_padding": 1, "transposed": True},
+        ),
+    ]
+    run_cases(cpu_mesh((2, 2)), cases)

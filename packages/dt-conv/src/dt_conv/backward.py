@@ -43,6 +43,21 @@ def convolution_backward_handler(
         groups,
         mask,
     ) = bind(op_call, args, kwargs)
+    if transposed:
+        from . import transposed as tr
+
+        tplan = tr.make_transposed_plan(x, weight.shape, stride, padding, dilation, out_pad, groups)
+        if not isinstance(tplan, str):
+            return tr.backward(tplan, grad_out, x, weight, bias_sizes, groups, mask)
+        warn_fallback("convolution_backward", f"transposed convolution: {tplan}")
+        return _fallback(
+            op_call,
+            grad_out,
+            x,
+            weight,
+            bias_sizes,
+            [stride, padding, dilation, transposed, out_pad, groups, mask],
+        )
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed)
     with torch.no_grad():
         if isinstance(plan, str):

@@ -27,6 +27,16 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
     x, weight, bias, stride, padding, dilation, transposed, out_pad, groups = bind(
         op_call, args, kwargs
     )
+    if transposed:
+        from . import transposed as tr
+
+        tplan = tr.make_transposed_plan(x, weight.shape, stride, padding, dilation, out_pad, groups)
+        if not isinstance(tplan, str):
+            return tr.forward(tplan, x, weight, bias, groups)
+        warn_fallback("convolution", f"transposed convolution: {tplan}")
+        return _fallback(
+            op_call, x, weight, bias, [stride, padding, dilation, transposed, out_pad, groups]
+        )
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed)
     with torch.no_grad():
         if isinstance(plan, str):

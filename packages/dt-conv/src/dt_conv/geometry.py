@@ -57,6 +57,26 @@ class Affine:
 
 
 @dataclass(frozen=True)
+class Transposed:
+    """Transposed convolution: output row `o` gathers input rows `i` with
+    `o = i*stride - padding + j*dilation` for a tap `j`, i.e. `span = dilation*(kernel-1)`
+    below it. The window also covers rows that make the local output start at or before
+    the first owned row and end at or after the last (they add only zero contributions
+    to owned rows, and keep the crop a plain slice).
+    """
+
+    stride: int
+    padding: int
+    span: int
+
+    def __call__(self, o0: int, o1: int) -> Range:
+        s, p, d = self.stride, self.padding, self.span
+        lo = min(-(-(o0 + p - d) // s), (o0 + p) // s)
+        hi = max((o1 - 1 + p) // s + 1, -(-(o1 + p - d - 1) // s) + 1)
+        return lo, hi
+
+
+@dataclass(frozen=True)
 class Table:
     """Output row `o` reads virtual rows `[lo[o], hi[o])` (interpolation)."""
 
@@ -99,7 +119,7 @@ class DimSplit:
     parts: int
     size: int
     out_size: int
-    reach: Affine | Table
+    reach: Affine | Transposed | Table
     fill: Fill = "constant"
 
     def owned_in(self, c: int) -> Range:

@@ -42,8 +42,8 @@ def _window_op(
     out_shape = list(in_shape)
     for dim, (left, right) in pairs.items():
         out_shape[dim] = in_shape[dim] + left + right
-        if out_shape[dim] < 0:
-            return "negative output size"
+        if out_shape[dim] < 0 or in_shape[dim] + min(left, 0) + min(right, 0) < 0:
+            return "negative output size"  # the fallback raises torch's own error
         if fill == "reflect" and max(left, right) >= in_shape[dim]:
             return "reflect padding not smaller than the input"
         if fill != "constant" and (min(left, right) < 0 or in_shape[dim] == 0):

@@ -1,0 +1,243 @@
+"""Transposed convolution on spatially sharded inputs: forward and backward by halo.
+
+Output rows are owned by the chunk rule like every other op here. A rank gathers the
+input rows whose taps land on its output rows (`geometry.Transposed`), runs the local
+transposed conv with padding 0 along sharded dims, and keeps its owned rows; the bias is
+added after the crop. Backward puts the owned output gradient back into the local
+output's frame and calls `convolution_backward` on the window: input gradients go home
+through the adjoint exchange, weight and bias gradients are summed over the mesh dims
+that split the input (each output row is owned by exactly one rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate
+
+from .geometry import DimSplit, Transposed, expand
+from .halo import gather_window, scatter_add_window
+from .plan import SpatialPlan, Splitter, plan_spatial
+from .wrap import as_dtensor, like_param, replicated_local, summed
+
+aten = torch.ops.aten
+
+
+def transposed_out_size(n: int, k: int, s: int, p: int, d: int, op: int) -> int:
+    return (n - 1) * s - 2 * p + d * (k - 1) + op + 1
+
+
+class TransposedPlan:
+    """Everything a rank needs for one sharded transposed conv (global metadata only)."""
+
+    def __init__(
+        self,
+        spatial: SpatialPlan,
+        stride: list[int],
+        padding: list[int],
+        dilation: list[int],
+        out_pad: list[int],
+    ) -> None:
+        self.spatial, self.stride, self.dilation = spatial, stride, dilation
+        self.padding = padding
+        self.local_padding, self.local_out_pad = list(padding), list(out_pad)
+        for s in spatial.splits:
+            self.local_padding[s.dim - 2] = self.local_out_pad[s.dim - 2] = 0
+
+    def crop(self, split: DimSplit) -> tuple[int, int]:
+        """(first local output row owned, number owned) along `split.dim`."""
+        rank = self.spatial.local_rank(split)
+        o0, o1 = split.owned_out(rank)
+        lo, _ = split.needed(rank)
+        return o0 + self.padding[split.dim - 2] - lo * self.stride[split.dim - 2], o1 - o0
+
+    @property
+    def reduce_mesh_dims(self) -> tuple[int, ...]:
+        split_dims = tuple(s.mesh_dim for s in self.spatial.splits)
+        return tuple(sorted(self.spatial.free_mesh_dims + split_dims))
+
+
+def make_transposed_plan(
+    x: object,
+    weight_shape: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    out_pad: Sequence[int],
+    groups: int,
+) -> TransposedPlan | str:
+    if not isinstance(x, DTensor):
+        return "input is not a DTensor"
+    n = len(weight_shape) - 2
+    if x.ndim != n + 2:
+        return "unbatched input"
+    stride, padding = expand(stride, n), expand(padding, n)
+    dilation, out_pad = expand(dilation, n), expand(out_pad, n)
+    sizes = [
+        transposed_out_size(
+            x.shape[i + 2], weight_shape[i + 2], stride[i], padding[i], dilation[i], out_pad[i]
+        )
+        for i in range(n)
+    ]
+    if min(sizes) < 1:
+        return "empty convolution output"
+
+    def splitter(dim: int) -> Splitter:
+        i = dim - 2
+        reach = Transposed(stride[i], padding[i], dilation[i] * (weight_shape[dim] - 1))
+        return lambda mesh_dim, parts: DimSplit(dim, mesh_dim, parts, x.shape[dim], sizes[i], reach)
+
+    out_shape = (x.shape[0], weight_shape[1] * groups, *sizes)
+    spatial = plan_spatial(
+        x,
+        out_shape,
+        {d: splitter(d) for d in range(2, x.ndim)},
+        blocked={1: "input sharded on the channel dim"},
+    )
+    if isinstance(spatial, str):
+        return spatial
+    return TransposedPlan(spatial, stride, padding, dilation, out_pad)
+
+
+def _local_conv(plan: TransposedPlan, window: torch.Tensor, w: torch.Tensor, groups: int):
+    return aten.convolution(
+        window,
+        w,
+        None,
+        plan.stride,
+        plan.local_padding,
+        plan.dilation,
+        True,
+        plan.local_out_pad,
+        groups,
+    )
+
+
+def _crop(plan: TransposedPlan, out: torch.Tensor) -> torch.Tensor:
+    """The owned rows of the local output, zero rows where no tap reaches."""
+    for split in plan.spatial.splits:
+        first, count = plan.crop(split)
+        have = out.shape[split.dim]
+        take = out.narrow(split.dim, first, max(0, min(count, have - first)))
+        if take.shape[split.dim] < count:
+            shape = list(take.shape)
+            shape[split.dim] = count - take.shape[split.dim]
+            take = torch.cat([take, take.new_zeros(shape)], split.dim)
+        out = take
+    return out
+
+
+def _uncrop(plan: TransposedPlan, grad: torch.Tensor, local_shape: Sequence[int]):
+    """Adjoint of `_crop`: owned-row gradients placed in the local output's frame."""
+    full = grad.new_zeros(local_shape)
+    target = full
+    for split in plan.spatial.splits:
+        first, count = plan.crop(split)
+        target = target.narrow(split.dim, first, max(0, min(count, local_shape[split.dim] - first)))
+        grad = grad.narrow(split.dim, 0, target.shape[split.dim])
+    target.copy_(grad)
+    return full
+
+
+def _local_out_shape(
+    plan: TransposedPlan, window: torch.Tensor, weight: torch.Tensor, groups: int
+) -> list[int]:
+    shape = [window.shape[0], weight.shape[1] * groups]
+    for i in range(window.ndim - 2):
+        k = weight.shape[i + 2]
+        shape.append(
+            transposed_out_size(
+                window.shape[i + 2],
+                k,
+                plan.stride[i],
+                plan.local_padding[i],
+                plan.dilation[i],
+                plan.local_out_pad[i],
+            )
+        )
+    return shape
+
+
+def _window(plan: TransposedPlan, local: torch.Tensor) -> torch.Tensor:
+    for split in plan.spatial.splits:
+        local = gather_window(local, split, plan.spatial.mesh)
+    return local
+
+
+def _owned_shape(plan: TransposedPlan, window: torch.Tensor) -> list[int]:
+    shape = [window.shape[0], plan.spatial.out_shape[1], *plan.spatial.out_shape[2:]]
+    for split in plan.spatial.splits:
+        shape[split.dim] = plan.crop(split)[1]
+    return shape
+
+
+def forward(plan: TransposedPlan, x: DTensor, weight: object, bias: object, groups: int):
+    sp = plan.spatial
+    w, b = replicated_local(weight), replicated_local(bias)
+    with torch.no_grad():
+        window = _window(plan, x.to_local())
+        shape = _owned_shape(plan, window)
+        if window.numel() == 0 or 0 in shape:
+            out = window.new_zeros(shape)
+        else:
+            out = _crop(plan, _local_conv(plan, window, w, groups))
+        if b is not None:
+            out = out + b.reshape(1, -1, *([1] * (out.ndim - 2)))
+    return as_dtensor(out.contiguous(), sp.mesh, sp.placements, sp.out_shape)
+
+
+def backward(
+    plan: TransposedPlan,
+    grad_out: DTensor,
+    x: DTensor,
+    weight: object,
+    bias_sizes: object,
+    groups: int,
+    mask: Sequence[bool],
+):
+    sp = plan.spatial
+    mesh = sp.mesh
+    g = grad_out.redistribute(mesh, sp.placements).to_local()
+    w = replicated_local(weight)
+    with torch.no_grad():
+        xl = x.to_local()
+        if mask[1]:
+            window = _window(plan, xl)
+        else:
+            shape = list(xl.shape)
+            for s in sp.splits:
+                lo, hi = s.needed(sp.local_rank(s))
+                shape[s.dim] = hi - lo
+            window = xl.new_zeros(shape)
+        gi = gw = None
+        if window.numel() and g.numel() and (mask[0] or mask[1]):
+            full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
+            gi, gw, _ = aten.convolution_backward(
+                full,
+                window,
+                w,
+                None,
+                plan.stride,
+                plan.local_padding,
+                plan.dilation,
+                True,
+                plan.local_out_pad,
+                groups,
+                [mask[0], mask[1], False],
+            )
+        grad_input = grad_weight = grad_bias = None
+        if mask[0]:
+            gi = gi if gi is not None else window.new_zeros(window.shape)
+            for split in reversed(sp.splits):
+                gi = scatter_add_window(gi, split, mesh)
+            grad_input = as_dtensor(gi, mesh, sp.placements, x.shape)
+        if mask[1]:
+            gw = gw if gw is not None else w.new_zeros(w.shape)
+            grad_weight = like_param(summed(gw, mesh, plan.reduce_mesh_dims), mesh, weight)
+        if mask[2]:
+            dims = [d for d in range(g.ndim) if d != 1]
+            gb = g.sum(dims) if g.numel() else g.new_zeros(g.shape[1])
+            full_b = summed(gb, mesh, plan.reduce_mesh_dims)
+            grad_bias = as_dtensor(full_b, mesh, [Replicate()] * mesh.ndim, full_b.shape)
+    return grad_input, grad_weight, grad_bias
