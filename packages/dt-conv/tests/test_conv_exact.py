@@ -27,6 +27,7 @@ def check(
     seed: int = 0,
     needs: tuple[bool, bool, bool] = (True, True, True),
     w_placements: list | None = None,
+    b_placements: list | None = None,
     transposed: bool = False,
     **kw: Any,
 ) -> str | None:
@@ -49,7 +50,7 @@ def check(
     rep = [Replicate()] * mesh.ndim
     xd = distribute_tensor(x, mesh, placements).requires_grad_(needs[0])
     wd = distribute_tensor(w, mesh, w_placements or rep).requires_grad_(needs[1])
-    bd = distribute_tensor(b, mesh, rep).requires_grad_(needs[2]) if bias else None
+    bd = distribute_tensor(b, mesh, b_placements or rep).requires_grad_(needs[2]) if bias else None
     y = conv(xd, wd, bd, **kw)
     gd = distribute_tensor(g, mesh, list(y.placements))
     if wants_grad:
@@ -343,3 +344,25 @@ def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
         ),
     ]
     run_cases(cpu_mesh((2, 2)), cases)
+
+
+@pytest.mark.ranks(4)
+def test_output_channel_sharded_weights_give_channel_sharded_outputs() -> None:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = cpu_mesh((2, 2))
+    cases = []
+    for x_pl, w_pl in (
+        ([Shard(2), Replicate()], [Replicate(), Shard(0)]),
+        ([Replicate(), Shard(3)], [Shard(0), Replicate()]),
+        ([Shard(0), Replicate()], [Replicate(), Shard(0)]),
+        ([Replicate(), Replicate()], [Shard(0), Replicate()]),
+    ):
+        for cout, b_pl in itertools.product((4, 5), (None, "like_weight")):
+            kw = {"padding": 1, "w_placements": w_pl, "b_placements": w_pl if b_pl else None}
+            cases.append((x_pl, (2, 3, 7, 6), (cout, 3, 3, 3), True, kw))
+    run_cases(mesh, cases)
+    gen = torch.Generator().manual_seed(0)
+    x = distribute_tensor(torch.randn(1, 2, 6, 6, generator=gen), mesh, [Shard(2), Replicate()])
+    w = distribute_tensor(torch.randn(4, 2, 3, 3, generator=gen), mesh, [Replicate(), Shard(0)])
+    assert F.conv2d(x, w, padding=1).placements == (Shard(2), Shard(1))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
+from .channels import out_channel_mesh_dim, output_placements
 from .fallback import replicated, target_placements, warn_fallback
 from .halo import gather_window, scatter_add_window
 from .plan import ConvPlan, make_plan
@@ -71,8 +72,9 @@ def convolution_backward_handler(
                 [stride, padding, dilation, transposed, out_pad, groups, mask],
             )
         mesh = plan.mesh
-        g = grad_out.redistribute(mesh, plan.placements).to_local()
-        w = replicated_local(weight)
+        m = out_channel_mesh_dim(x, weight, None, groups)
+        g = grad_out.redistribute(mesh, output_placements(plan.placements, m)).to_local()
+        w = replicated_local(weight) if m is None else weight.to_local()
         xl = x.to_local()
         if mask[1]:
             window = xl
@@ -101,14 +103,21 @@ def convolution_backward_handler(
             )
         grad_input = grad_weight = grad_bias = None
         if mask[0]:
+            if m is not None:  # every rank's filters contributed to the input gradient
+                gi = summed(gi, mesh, (m,))
             for split in reversed(plan.splits):
                 gi = scatter_add_window(gi, split, mesh)
             grad_input = as_dtensor(gi, mesh, plan.placements, x.shape)
         if mask[1]:
-            grad_weight = like_param(summed(gw, mesh, plan.reduce_mesh_dims), mesh, weight)
+            gw = summed(gw, mesh, plan.reduce_mesh_dims)
+            if m is None:
+                grad_weight = like_param(gw, mesh, weight)
+            else:
+                grad_weight = as_dtensor(gw, mesh, weight.placements, weight.shape)
         if mask[2]:
-            full = summed(gb, mesh, plan.reduce_mesh_dims)
-            grad_bias = as_dtensor(full, mesh, [Replicate()] * mesh.ndim, full.shape)
+            gb = summed(gb, mesh, plan.reduce_mesh_dims)
+            bias_placements = [Replicate()] * mesh.ndim if m is None else weight.placements
+            grad_bias = as_dtensor(gb, mesh, bias_placements, bias_sizes)
         return grad_input, grad_weight, grad_bias
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
+from .channels import local_bias, out_channel_mesh_dim, output_placements
 from .fallback import replicated, target_placements, warn_fallback
 from .halo import gather_window
 from .plan import ConvPlan, make_plan
@@ -44,11 +45,16 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
             return _fallback(
                 op_call, x, weight, bias, [stride, padding, dilation, transposed, out_pad, groups]
             )
-        w, b = replicated_local(weight), replicated_local(bias)
+        m = out_channel_mesh_dim(x, weight, bias, groups)
+        if m is None:
+            w, b = replicated_local(weight), replicated_local(bias)
+        else:  # each rank's own filters: output channels sharded on mesh dim m
+            w, b = weight.to_local(), local_bias(bias, weight)
         window = x.to_local()
         for split in plan.splits:
             window = gather_window(window, split, plan.mesh)
         shape = local_out_shape(plan, window)
+        shape[1] = w.shape[0]
         if window.numel() == 0 or 0 in shape:
             out = window.new_zeros(shape)
         else:
@@ -64,7 +70,8 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
                 [0] * nspatial,
                 groups,
             )
-        return as_dtensor(out, plan.mesh, plan.placements, plan.out_shape)
+        placements = output_placements(plan.placements, m)
+        return as_dtensor(out, plan.mesh, placements, plan.out_shape)
 
 
 def _fallback(
