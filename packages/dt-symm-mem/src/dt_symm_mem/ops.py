@@ -286,7 +286,7 @@ def fused_matmul_reduce_scatter(
     _check_reduce_op(reduce_op)
     group = resolve_group(group_name)
     world = group.size()
-    dtype = torch.result_type(A, B) if A.dtype != B.dtype else A.dtype
+    dtype = A.dtype
     if scatter_dim == A.dim() - 1:
         _check_divisible(B.shape[1], world, "B.shape[1]")
         B_cols = B.chunk(world, dim=1)

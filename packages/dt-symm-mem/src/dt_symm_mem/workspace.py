@@ -168,7 +168,11 @@ class ShmSymmMemory:
             )
 
     def write_bytes(self, slot: int, byte_offset: int, src: torch.Tensor) -> None:
-        """memcpy a contiguous CPU tensor into this rank's buffer (no tensor view needed)."""
+        """memcpy a contiguous CPU tensor into this rank's buffer (no tensor view needed).
+        glibc's memcpy ends its non-temporal-store path with sfence, so the data is
+        globally visible before the flag store that follows (x86 orders plain stores)."""
+        if not src.is_contiguous() or src.device.type != "cpu":
+            raise ValueError("dt-symm-mem: write_bytes needs a contiguous CPU tensor")
         nbytes = src.numel() * src.element_size()
         self._check_range(byte_offset, nbytes)
         address = self._address + self._base(self.rank, slot) + byte_offset
