@@ -178,13 +178,11 @@ def test_low_contention_4_ranks() -> None:
     run_low_contention_cases()
 
 
-@pytest.mark.ranks(2)
-def test_python_api_matches_ops() -> None:
-    """dt_symm_mem.* (group as ProcessGroup or None) give what torch.ops.symm_mem.* give."""
+def check_python_api() -> None:
     import dt_symm_mem
     import torch.distributed as dist
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     A = ints((4, 6), rank)
     B = ints((6, 4), 7)
     A_full, (C,) = dt_symm_mem.fused_all_gather_matmul(A, [B], 0)
@@ -193,7 +191,25 @@ def test_python_api_matches_ops() -> None:
     assert torch.equal(rs, reduce_scatter(A @ B, "sum", 0))
     got = dt_symm_mem.low_contention_reduce_scatter(A, "avg")
     assert torch.equal(got, reduce_scatter(A, "avg", 0))
-    assert world == 2
+    assert torch.equal(dt_symm_mem.low_contention_all_gather(A), gather(A, 0))
+
+
+@pytest.mark.ranks(2)
+def test_python_api_matches_ops() -> None:
+    """dt_symm_mem.* (group as ProcessGroup, name or None) equal the reference, through
+    torch.ops (plugin kernels installed) and directly (as when the plugin is disabled)."""
+    from dt_symm_mem import api, ops
+
+    before = dict(ops.CALLS)
+    check_python_api()
+    saved = api._cpu_kernel_installed
+    api._cpu_kernel_installed = lambda _name: False
+    try:
+        check_python_api()
+    finally:
+        api._cpu_kernel_installed = saved
+    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items()}
+    assert calls["fused_all_gather_matmul"] == 2 and calls["low_contention_all_gather"] == 2
 
 
 @pytest.mark.ranks(2)
