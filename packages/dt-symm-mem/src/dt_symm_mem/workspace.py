@@ -38,7 +38,8 @@ DEFAULT_TIMEOUT_S = 120.0
 MIN_BUFFER_BYTES = 1 << 20
 CHANNELS = 4
 LINE_WORDS = 8
-SPIN_S = 200e-6  # busy-wait this long before yielding the core
+SPIN_S = 200e-6  # busy-wait at most this long before yielding the core
+MIN_SPIN_S = 10e-6
 YIELD_S = 2e-3  # then yield; after this, nap between checks
 NAP_S = 50e-6  # int64 words per 64-byte line
 _X86 = {"x86_64", "amd64", "i386", "i686"}
@@ -129,6 +130,7 @@ class ShmSymmMemory:
         self._address = self._bytes.data_ptr()
         self._views: dict[tuple[Any, ...], torch.Tensor] = {}
         self._seq = 0
+        self._spin_s = SPIN_S  # adapted: shorter when peers keep not answering in time
         self._barrier_seq = [0] * CHANNELS
         self._signals_sent = [0] * self.world_size
         self._signals_seen = [0] * self.world_size
@@ -213,22 +215,23 @@ class ShmSymmMemory:
         spins = 0
         start = time.monotonic()
         next_check = start + 0.25
+        spin_s = self._spin_s
         while flags[index] < target:
             spins += 1
             if spins & 15:
                 continue
             now = time.monotonic()
             waited = now - start
-            if waited < SPIN_S:
-                continue  # a peer usually answers within tens of us: keep the core
+            if waited < spin_s:
+                continue  # a running peer answers within tens of us: keep the core
             if waited < YIELD_S:
-                os.sched_yield()
+                os.sched_yield()  # the peer may need this core (oversubscribed host)
             else:
                 time.sleep(NAP_S)
             if now >= next_check:
                 next_check = now + 0.25
                 if flags[index] >= target:
-                    return
+                    break
                 if self._peer_gone(peer):
                     raise SymmMemTimeoutError(
                         f"dt-symm-mem: {what}: peer rank {peer} of group "
@@ -240,6 +243,12 @@ class ShmSymmMemory:
                         f"rank {peer} of group {self.group.group_name!r} (dead or stuck peer?); "
                         f"set {TIMEOUT_ENV} to change the limit"
                     )
+        # Spinning only pays when peers answer within the spin; otherwise it steals the
+        # core a descheduled peer needs. Halve the spin after a long wait, regrow slowly.
+        if time.monotonic() - start > spin_s:
+            self._spin_s = max(MIN_SPIN_S, spin_s / 2)
+        else:
+            self._spin_s = min(SPIN_S, spin_s * 1.25)
 
     # --- torch-like synchronisation ---------------------------------------------------
 
