@@ -121,6 +121,31 @@ def rs_cases(world: int) -> list[tuple]:
     return cases
 
 
+def check_random_floats(name: str) -> None:
+    """Random (non-integer) inputs: equal to gather + matmul within torch's default
+    tolerances for the dtype (chunked matmuls may round differently from one big one)."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for i, (dtype, gather_dim) in enumerate(
+        itertools.product((torch.float32, torch.bfloat16), (0, 1, 2))
+    ):
+        gen = torch.Generator().manual_seed(1000 * i + rank)
+        A = torch.randn(2, 4, 16, generator=gen).to(dtype)
+        k = 16 * (world if gather_dim == 2 else 1)
+        B = torch.randn(k, 8, generator=torch.Generator().manual_seed(i)).to(dtype)
+        _, (C,) = torch.ops.symm_mem.fused_all_gather_matmul(A, [B], gather_dim, name)
+        want = gather(A, gather_dim) @ B  # the plain collective + matmul, in the dtype
+        torch.testing.assert_close(C, want, msg=f"all-gather-matmul {dtype} dim {gather_dim}")
+        for scatter_dim in (0, 1, 2):
+            A2 = torch.randn(world * 2, world, 16, generator=gen).to(dtype)
+            got = torch.ops.symm_mem.fused_matmul_reduce_scatter(
+                A2, B[:16], "sum", scatter_dim, name
+            )
+            want = reduce_scatter(A2 @ B[:16], "sum", scatter_dim)
+            torch.testing.assert_close(got, want, msg=f"matmul-rs {dtype} dim {scatter_dim}")
+
+
 def run_matmul_cases() -> None:
     import dt_symm_mem  # noqa: F401  (defines torch.ops.symm_mem.* like torch's module)
     import torch.distributed as dist
@@ -130,6 +155,7 @@ def run_matmul_cases() -> None:
     failures = [f for c in ag_cases(world, 48) if (f := check_all_gather_matmul(c, name))]
     failures += [f for c in rs_cases(world) if (f := check_matmul_reduce_scatter(c, name))]
     assert not failures, "\n".join(failures)
+    check_random_floats(name)
 
 
 @pytest.mark.ranks(2)
