@@ -380,6 +380,10 @@ def _map_segment(group: Any, buffer_bytes: int, timeout: float) -> ShmSymmMemory
                 error = f"attaching to the segment failed: {err}"
         results: list[Any] = [None] * group.size()
         dist.all_gather_object(results, error, group=group)
+    except BaseException:
+        if name is not None:
+            segment.unlink(name)  # a peer died mid-setup (maybe the creator): any rank cleans up
+        raise
     finally:
         if group.rank() == 0 and name is not None:
             segment.unlink(name)  # every rank mapped it (or failed): the name can go
