@@ -117,14 +117,12 @@ def fused_all_gather_matmul(
     CALLS["fused_all_gather_matmul"] += 1
     _check_ag_args(A_shard, Bs, gather_dim)
     group = resolve_group(group_name)
-    world = group.size()
     if gather_dim == A_shard.dim() - 1:
         return _all_gather_matmul_last_dim(group, A_shard, Bs, return_A)
 
     def mm(i: int, a: torch.Tensor, _extra: list[torch.Tensor], _src: int, out: torch.Tensor):
         torch.mm(a, Bs[i], out=out)
 
-    del world
     return _all_gather_mm_rows(
         group, A_shard, [B.shape[1] for B in Bs], [B.dtype for B in Bs], gather_dim, return_A, mm
     )

@@ -23,7 +23,7 @@ import platform
 import socket
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -319,7 +319,6 @@ class _GroupState:
     handle: ShmSymmMemory | None = None
     fallback_reason: str | None = None
     generation: int = 0
-    retired: list[Any] = field(default_factory=list)
 
 
 _states: dict[int, _GroupState] = {}  # id(group) -> state (the state keeps the group alive)
@@ -425,11 +424,18 @@ def get_workspace(group: Any, min_bytes: int) -> ShmSymmMemory | None:
     timeout = handle.timeout if handle is not None else default_timeout()
     result = _map_segment(group, size, timeout)
     if isinstance(result, str):
-        raise RuntimeError(f"dt-symm-mem: setting up shared memory failed: {result}")
-    if handle is not None:
-        # Peers may still read our old buffers (the previous op): keep the mapping alive
-        # until the new segment has been used once by everyone (next growth drops it).
-        state.retired = [handle]
+        # Every rank got the same all-gathered reason, so all fall back together.
+        state.fallback_reason = f"setting up shared memory failed: {result}"
+        state.handle = None
+        warnings.warn(
+            f"dt-symm-mem: group {group.group_name!r} uses the process group's ordinary "
+            f"collectives from now on: {state.fallback_reason}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    # The old segment needs no care: we never write it again, and a peer still reading
+    # our previous op's data holds its own mapping of those pages.
     state.handle = result
     state.generation += 1
     return result
