@@ -1,9 +1,10 @@
 """The fused ops as documented Python functions, for CPU and CUDA tensors alike.
 
-`group` is a ProcessGroup or a group name. CPU tensors run dt-symm-mem's kernels (shared
-memory within a host, the group's ordinary collectives across hosts). CUDA tensors go
-to torch's own `torch.ops.symm_mem.*` CUDA kernels (torch's symmetric memory): this
-module only decides where to send the call and converts the group to its name.
+`group` is a ProcessGroup or a group name. Calls go through `torch.ops.symm_mem.*`, so
+torch.compile sees one opaque op with torch's Meta kernel: CUDA tensors reach torch's own
+symmetric-memory kernels, CPU tensors our CPU kernels (shared memory within a host, the
+group's ordinary collectives across hosts). When the plugin's CPU kernels are not
+installed (plugin disabled), CPU calls run our implementation directly.
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ def _torch_op(name: str) -> Any:
     return getattr(torch.ops.symm_mem, name)
 
 
+@torch.compiler.assume_constant_result
+def _cpu_kernel_installed(op_name: str) -> bool:
+    """Whether our CPU kernel is registered (a constant to torch.compile: no graph break)."""
+    return compat.has_kernel(f"symm_mem::{op_name}", "CPU")
+
+
+def _call(op_name: str, function_name: str, operands: tuple, *args: Any, **kwargs: Any) -> Any:
+    """Send the call to torch's op (CUDA, or CPU with our kernel installed) or run ours."""
+    if uses_torch_kernels(*operands) or _cpu_kernel_installed(op_name):
+        return _torch_op(op_name)(*args, **kwargs)
+    from dt_symm_mem import ops
+
+    return getattr(ops, function_name)(*args, **kwargs)
+
+
 def fused_all_gather_matmul(
     A_shard: torch.Tensor,
     Bs: list[torch.Tensor],
@@ -47,14 +63,14 @@ def fused_all_gather_matmul(
 ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
     """`A = all_gather(A_shard, gather_dim)`; returns `(A if return_A else None, [A @ B
     for B in Bs])`, consuming each peer's shard as it arrives."""
-    name = _group_name(group)
-    if uses_torch_kernels(A_shard, *Bs):
-        return _torch_op("fused_all_gather_matmul")(
-            A_shard, list(Bs), gather_dim, name, return_A=return_A
-        )
-    from dt_symm_mem import ops
-
-    return ops.fused_all_gather_matmul(A_shard, list(Bs), gather_dim, name, return_A=return_A)
+    args = (A_shard, list(Bs), gather_dim, _group_name(group))
+    return _call(
+        "fused_all_gather_matmul",
+        "fused_all_gather_matmul",
+        (A_shard, *Bs),
+        *args,
+        return_A=return_A,
+    )
 
 
 def fused_all_gather_scaled_matmul(
@@ -84,11 +100,8 @@ def fused_all_gather_scaled_matmul(
         list(out_dtypes) if out_dtypes is not None else [None] * n,
         list(use_fast_accum) if use_fast_accum is not None else [False] * n,
     )
-    if uses_torch_kernels(A_shard, *Bs):
-        return _torch_op("fused_all_gather_scaled_matmul")(*args)
-    from dt_symm_mem import ops
-
-    return ops.fused_all_gather_scaled_matmul(*args)
+    name = "fused_all_gather_scaled_matmul"
+    return _call(name, name, (A_shard, *Bs), *args)
 
 
 def fused_matmul_reduce_scatter(
@@ -96,12 +109,8 @@ def fused_matmul_reduce_scatter(
 ) -> torch.Tensor:
     """`reduce_scatter(A @ B, reduce_op, scatter_dim)` ("sum" or "avg"), producing each
     destination's chunk while peers pull the previous one."""
-    name = _group_name(group)
-    if uses_torch_kernels(A, B):
-        return _torch_op("fused_matmul_reduce_scatter")(A, B, reduce_op, scatter_dim, name)
-    from dt_symm_mem import ops
-
-    return ops.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, name)
+    name = "fused_matmul_reduce_scatter"
+    return _call(name, name, (A, B), A, B, reduce_op, scatter_dim, _group_name(group))
 
 
 def fused_scaled_matmul_reduce_scatter(
@@ -124,15 +133,8 @@ def fused_scaled_matmul_reduce_scatter(
     shape = list(output_shape) if output_shape is not None else [*A.shape[:-1], B.shape[1]]
     args = (A, B, A_scale, B_scale, reduce_op, scatter_dim, scatter_dim, _group_name(group))
     kwargs = dict(bias=bias, result_scale=result_scale, out_dtype=out_dtype)
-    if uses_torch_kernels(A, B):
-        return _torch_op("fused_scaled_matmul_reduce_scatter")(
-            *args, shape, **kwargs, use_fast_accum=use_fast_accum
-        )
-    from dt_symm_mem import ops
-
-    return ops.fused_scaled_matmul_reduce_scatter(
-        *args, shape, **kwargs, use_fast_accum=use_fast_accum
-    )
+    name = "fused_scaled_matmul_reduce_scatter"
+    return _call(name, name, (A, B), *args, shape, **kwargs, use_fast_accum=use_fast_accum)
 
 
 def low_contention_all_gather(
@@ -141,10 +143,12 @@ def low_contention_all_gather(
     """All-gather along dim 0 (through shared memory on CPU). On CPU, `out` (contiguous,
     world * tensor.shape[0] rows) receives the result without a fresh allocation."""
     name = _group_name(group)
+    if out is None:
+        return _call(
+            "_low_contention_all_gather", "low_contention_all_gather", (tensor,), tensor, name
+        )
     if uses_torch_kernels(tensor):
-        if out is not None:
-            raise ValueError("dt-symm-mem: out= is only supported for CPU tensors")
-        return _torch_op("_low_contention_all_gather")(tensor, name)
+        raise ValueError("dt-symm-mem: out= is only supported for CPU tensors")
     from dt_symm_mem import ops
 
     return ops.low_contention_all_gather(tensor, name, out=out)
@@ -154,9 +158,11 @@ def low_contention_reduce_scatter(
     tensor: torch.Tensor, reduce_op: str = "sum", group: Any = None
 ) -> torch.Tensor:
     """Reduce-scatter along dim 0, "sum" or "avg" (through shared memory on CPU)."""
-    name = _group_name(group)
-    if uses_torch_kernels(tensor):
-        return _torch_op("_low_contention_reduce_scatter")(tensor, reduce_op, name)
-    from dt_symm_mem import ops
-
-    return ops.low_contention_reduce_scatter(tensor, reduce_op, name)
+    return _call(
+        "_low_contention_reduce_scatter",
+        "low_contention_reduce_scatter",
+        (tensor,),
+        tensor,
+        reduce_op,
+        _group_name(group),
+    )

@@ -117,14 +117,12 @@ def fused_all_gather_matmul(
     CALLS["fused_all_gather_matmul"] += 1
     _check_ag_args(A_shard, Bs, gather_dim)
     group = resolve_group(group_name)
-    world = group.size()
     if gather_dim == A_shard.dim() - 1:
         return _all_gather_matmul_last_dim(group, A_shard, Bs, return_A)
 
     def mm(i: int, a: torch.Tensor, _extra: list[torch.Tensor], _src: int, out: torch.Tensor):
         torch.mm(a, Bs[i], out=out)
 
-    del world
     return _all_gather_mm_rows(
         group, A_shard, [B.shape[1] for B in Bs], [B.dtype for B in Bs], gather_dim, return_A, mm
     )
@@ -141,24 +139,35 @@ def _all_gather_matmul_last_dim(
     for B in Bs:
         if B.shape[0] != world * k:
             raise ValueError(f"B has {B.shape[0]} rows; the gathered A has {world * k} columns")
-    B_rows = [B.chunk(world) for B in Bs]
-    outputs = [torch.empty((A_flat.shape[0], B.shape[1]), dtype=B.dtype) for B in Bs]
+    # Partial products are summed over ranks: in half precision accumulate in float32
+    # and round once at the end, as one big matmul would (torch's CUDA path rounds every
+    # partial sum, which can miss the plain matmul's tolerance).
+    acc_dtypes = [
+        torch.float32 if B.dtype in (torch.bfloat16, torch.float16) else B.dtype for B in Bs
+    ]
+    B_rows = [B.to(acc).chunk(world) for B, acc in zip(Bs, acc_dtypes, strict=True)]
+    outputs = [
+        torch.empty((A_flat.shape[0], B.shape[1]), dtype=acc)
+        for B, acc in zip(Bs, acc_dtypes, strict=True)
+    ]
     A_full = torch.empty((world, *A_flat.shape), dtype=A_flat.dtype) if return_A else None
     started = [False]
 
     def consume(pieces: list[torch.Tensor], src: int) -> None:
-        for out, rows in zip(outputs, B_rows, strict=False):
+        for out, rows in zip(outputs, B_rows, strict=True):
+            piece = pieces[0].to(out.dtype)
             if started[0]:
-                out.addmm_(pieces[0], rows[src])
+                out.addmm_(piece, rows[src])
             else:
-                torch.mm(pieces[0], rows[src], out=out)
+                torch.mm(piece, rows[src], out=out)
         started[0] = True
 
     all_gather_consume(group, [A_flat], consume, [A_full])
     A = None
     if A_full is not None:
         A = torch.cat(list(A_full.unbind(0)), dim=-1).view(*leading, -1)
-    return A, [out.view(*leading, -1) for out in outputs]
+    results = [out.to(B.dtype).view(*leading, -1) for out, B in zip(outputs, Bs, strict=True)]
+    return A, results
 
 
 def _float8_dtypes() -> set[torch.dtype]:
@@ -286,7 +295,7 @@ def fused_matmul_reduce_scatter(
     _check_reduce_op(reduce_op)
     group = resolve_group(group_name)
     world = group.size()
-    dtype = torch.result_type(A, B) if A.dtype != B.dtype else A.dtype
+    dtype = A.dtype
     if scatter_dim == A.dim() - 1:
         _check_divisible(B.shape[1], world, "B.shape[1]")
         B_cols = B.chunk(world, dim=1)

@@ -23,7 +23,7 @@ import platform
 import socket
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,8 @@ DEFAULT_TIMEOUT_S = 120.0
 MIN_BUFFER_BYTES = 1 << 20
 CHANNELS = 4
 LINE_WORDS = 8
-SPIN_S = 200e-6  # busy-wait this long before yielding the core
+SPIN_S = 200e-6  # busy-wait at most this long before yielding the core
+MIN_SPIN_S = 10e-6
 YIELD_S = 2e-3  # then yield; after this, nap between checks
 NAP_S = 50e-6  # int64 words per 64-byte line
 _X86 = {"x86_64", "amd64", "i386", "i686"}
@@ -129,6 +130,7 @@ class ShmSymmMemory:
         self._address = self._bytes.data_ptr()
         self._views: dict[tuple[Any, ...], torch.Tensor] = {}
         self._seq = 0
+        self._spin_s = SPIN_S  # adapted: shorter when peers keep not answering in time
         self._barrier_seq = [0] * CHANNELS
         self._signals_sent = [0] * self.world_size
         self._signals_seen = [0] * self.world_size
@@ -168,7 +170,11 @@ class ShmSymmMemory:
             )
 
     def write_bytes(self, slot: int, byte_offset: int, src: torch.Tensor) -> None:
-        """memcpy a contiguous CPU tensor into this rank's buffer (no tensor view needed)."""
+        """memcpy a contiguous CPU tensor into this rank's buffer (no tensor view needed).
+        glibc's memcpy ends its non-temporal-store path with sfence, so the data is
+        globally visible before the flag store that follows (x86 orders plain stores)."""
+        if not src.is_contiguous() or src.device.type != "cpu":
+            raise ValueError("dt-symm-mem: write_bytes needs a contiguous CPU tensor")
         nbytes = src.numel() * src.element_size()
         self._check_range(byte_offset, nbytes)
         address = self._address + self._base(self.rank, slot) + byte_offset
@@ -209,22 +215,23 @@ class ShmSymmMemory:
         spins = 0
         start = time.monotonic()
         next_check = start + 0.25
+        spin_s = self._spin_s
         while flags[index] < target:
             spins += 1
             if spins & 15:
                 continue
             now = time.monotonic()
             waited = now - start
-            if waited < SPIN_S:
-                continue  # a peer usually answers within tens of us: keep the core
+            if waited < spin_s:
+                continue  # a running peer answers within tens of us: keep the core
             if waited < YIELD_S:
-                os.sched_yield()
+                os.sched_yield()  # the peer may need this core (oversubscribed host)
             else:
                 time.sleep(NAP_S)
             if now >= next_check:
                 next_check = now + 0.25
                 if flags[index] >= target:
-                    return
+                    break
                 if self._peer_gone(peer):
                     raise SymmMemTimeoutError(
                         f"dt-symm-mem: {what}: peer rank {peer} of group "
@@ -236,6 +243,12 @@ class ShmSymmMemory:
                         f"rank {peer} of group {self.group.group_name!r} (dead or stuck peer?); "
                         f"set {TIMEOUT_ENV} to change the limit"
                     )
+        # Spinning only pays when peers answer within the spin; otherwise it steals the
+        # core a descheduled peer needs. Halve the spin after a long wait, regrow slowly.
+        if time.monotonic() - start > spin_s:
+            self._spin_s = max(MIN_SPIN_S, spin_s / 2)
+        else:
+            self._spin_s = min(SPIN_S, spin_s * 1.25)
 
     # --- torch-like synchronisation ---------------------------------------------------
 
@@ -306,7 +319,6 @@ class _GroupState:
     handle: ShmSymmMemory | None = None
     fallback_reason: str | None = None
     generation: int = 0
-    retired: list[Any] = field(default_factory=list)
 
 
 _states: dict[int, _GroupState] = {}  # id(group) -> state (the state keeps the group alive)
@@ -367,6 +379,10 @@ def _map_segment(group: Any, buffer_bytes: int, timeout: float) -> ShmSymmMemory
                 error = f"attaching to the segment failed: {err}"
         results: list[Any] = [None] * group.size()
         dist.all_gather_object(results, error, group=group)
+    except BaseException:
+        if name is not None:
+            segment.unlink(name)  # a peer died mid-setup (maybe the creator): any rank cleans up
+        raise
     finally:
         if group.rank() == 0 and name is not None:
             segment.unlink(name)  # every rank mapped it (or failed): the name can go
@@ -408,11 +424,18 @@ def get_workspace(group: Any, min_bytes: int) -> ShmSymmMemory | None:
     timeout = handle.timeout if handle is not None else default_timeout()
     result = _map_segment(group, size, timeout)
     if isinstance(result, str):
-        raise RuntimeError(f"dt-symm-mem: setting up shared memory failed: {result}")
-    if handle is not None:
-        # Peers may still read our old buffers (the previous op): keep the mapping alive
-        # until the new segment has been used once by everyone (next growth drops it).
-        state.retired = [handle]
+        # Every rank got the same all-gathered reason, so all fall back together.
+        state.fallback_reason = f"setting up shared memory failed: {result}"
+        state.handle = None
+        warnings.warn(
+            f"dt-symm-mem: group {group.group_name!r} uses the process group's ordinary "
+            f"collectives from now on: {state.fallback_reason}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    # The old segment needs no care: we never write it again, and a peer still reading
+    # our previous op's data holds its own mapping of those pages.
     state.handle = result
     state.generation += 1
     return result

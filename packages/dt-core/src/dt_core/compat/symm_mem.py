@@ -10,6 +10,7 @@ Interface (plain functions):
     match_tensor(node) -> the example tensor of an FX node ("val" meta)
     all_gather_match_parts(match) / reduce_scatter_match_parts(match) -> (node, group name)
     scalar_types_to_dtypes(values)
+    has_kernel(qualified_name, dispatch_key) -> bool
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ def resolve_process_group(group_name: str) -> Any:
 def group_name_of(group: Any) -> str:
     """The registered name of `group` (public `ProcessGroup.group_name`)."""
     return group.group_name
+
+
+def has_kernel(qualified_name: str, dispatch_key: str) -> bool:
+    """Whether op `ns::name` has a kernel registered for `dispatch_key` (e.g. "CPU")."""
+    ensure_supported_torch()
+    import torch
+
+    if not torch._C._dispatch_has_kernel(qualified_name):
+        return False
+    return torch._C._dispatch_has_kernel_for_dispatch_key(qualified_name, dispatch_key)
 
 
 def torch_symm_mem_module() -> Any:

@@ -42,3 +42,35 @@ def test_compiled_graph_uses_fused_ops_with_equal_numerics() -> None:
     want = layer(x, y, B1, B2, W)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and torch.equal(g, w)
+
+
+@pytest.mark.ranks(2, timeout=600)
+def test_fused_ops_called_directly_trace_under_compile() -> None:
+    """dt_symm_mem.* and torch.ops.symm_mem.* inside a compiled function: one opaque op
+    each (traced with torch's Meta kernels), run by our CPU kernels."""
+    import dt_symm_mem
+    import torch.distributed as dist
+    from dt_symm_mem import ops
+
+    group = dist.group.WORLD
+    rank = dist.get_rank()
+
+    def block(x: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        A, (h,) = dt_symm_mem.fused_all_gather_matmul(x, [B], 1, group)
+        y = torch.ops.symm_mem.fused_matmul_reduce_scatter(
+            torch.relu(h), B.t(), "avg", 0, group.group_name
+        )
+        return A.sum(-1), y
+
+    x = torch.randint(-2, 3, (4, 2, 3), generator=torch.Generator().manual_seed(rank)).float()
+    B = torch.randint(-2, 3, (3, 3)).float()
+    torch._dynamo.reset()
+    before = dict(ops.CALLS)
+    got = torch.compile(block, fullgraph=True)(x, B)
+    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items()}
+    assert (
+        calls.get("fused_all_gather_matmul") == 1 and calls.get("fused_matmul_reduce_scatter") == 1
+    )
+    want = block(x, B)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)

@@ -1,6 +1,6 @@
 """A 2-rank world of our own (not the shared test world), for the tests that kill a rank.
 
-    python kill_world.py MODE OUTDIR     MODE: "normal" or "kill"
+    python symm_kill_world.py MODE OUTDIR     MODE: "normal" or "kill"
 
 Each rank sets up the shared-memory workspace, writes the segment's name to OUTDIR, and
 then either exits normally ("normal") or rank 1 SIGKILLs itself and rank 0 runs another

@@ -69,7 +69,7 @@ def test_stuck_peer_barrier_times_out_with_a_clear_error() -> None:
 def _run_world(mode: str, tmp_path: Path) -> tuple[list[dict], list[int]]:
     env = dict(os.environ, DT_SYMM_MEM_TIMEOUT="60")
     subprocess.run(
-        [sys.executable, str(HERE / "kill_world.py"), mode, str(tmp_path)],
+        [sys.executable, str(HERE / "symm_kill_world.py"), mode, str(tmp_path)],
         check=True,
         timeout=240,
         env=env,

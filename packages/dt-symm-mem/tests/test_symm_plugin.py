@@ -129,3 +129,39 @@ def test_demo_stage_small() -> None:
     assert result["bytes_communicated"] > 0
     keys = {"feature", "details"}
     assert keys <= set(result)
+
+
+@pytest.mark.ranks(2)
+def test_failed_attach_falls_back_on_every_rank() -> None:
+    """If one rank cannot map the segment (e.g. a separate /dev/shm), all ranks fall back
+    together, with one warning, and nothing is left in /dev/shm."""
+    import warnings
+
+    import dt_symm_mem
+    import torch.distributed as dist
+    from dt_symm_mem import segment
+    from dt_symm_mem.workspace import fallback_reason
+
+    rank = dist.get_rank()
+    group = dist.new_group([0, 1])
+    real_attach = segment.attach
+    before = set(segment.leftover_segments())
+
+    def refuse(name: str, size: int) -> Any:
+        raise PermissionError("simulated: cannot open the segment")
+
+    if rank == 1:
+        segment.attach = refuse
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x = torch.full((3,), float(rank))
+            got = dt_symm_mem.low_contention_all_gather(x, group)
+    finally:
+        segment.attach = real_attach
+    assert torch.equal(got, torch.tensor([0.0, 0, 0, 1, 1, 1]))
+    reason = fallback_reason(group)
+    assert reason is not None and "simulated" in reason
+    assert sum("dt-symm-mem" in str(w.message) for w in caught) == 1
+    dist.barrier()
+    assert set(segment.leftover_segments()) <= before  # the creator unlinked it

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_ops import gather, ints, reduce_scatter, same
+from test_symm_ops import gather, ints, reduce_scatter, same
 
 FP8 = torch.float8_e4m3fn
 

@@ -121,6 +121,31 @@ def rs_cases(world: int) -> list[tuple]:
     return cases
 
 
+def check_random_floats(name: str) -> None:
+    """Random (non-integer) inputs: equal to gather + matmul within torch's default
+    tolerances for the dtype (chunked matmuls may round differently from one big one)."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for i, (dtype, gather_dim) in enumerate(
+        itertools.product((torch.float32, torch.bfloat16), (0, 1, 2))
+    ):
+        gen = torch.Generator().manual_seed(1000 * i + rank)
+        A = torch.randn(2, 4, 16, generator=gen).to(dtype)
+        k = 16 * (world if gather_dim == 2 else 1)
+        B = torch.randn(k, 8, generator=torch.Generator().manual_seed(i)).to(dtype)
+        _, (C,) = torch.ops.symm_mem.fused_all_gather_matmul(A, [B], gather_dim, name)
+        want = gather(A, gather_dim) @ B  # the plain collective + matmul, in the dtype
+        torch.testing.assert_close(C, want, msg=f"all-gather-matmul {dtype} dim {gather_dim}")
+        for scatter_dim in (0, 1, 2):
+            A2 = torch.randn(world * 2, world, 16, generator=gen).to(dtype)
+            got = torch.ops.symm_mem.fused_matmul_reduce_scatter(
+                A2, B[:16], "sum", scatter_dim, name
+            )
+            want = reduce_scatter(A2 @ B[:16], "sum", scatter_dim)
+            torch.testing.assert_close(got, want, msg=f"matmul-rs {dtype} dim {scatter_dim}")
+
+
 def run_matmul_cases() -> None:
     import dt_symm_mem  # noqa: F401  (defines torch.ops.symm_mem.* like torch's module)
     import torch.distributed as dist
@@ -130,6 +155,7 @@ def run_matmul_cases() -> None:
     failures = [f for c in ag_cases(world, 48) if (f := check_all_gather_matmul(c, name))]
     failures += [f for c in rs_cases(world) if (f := check_matmul_reduce_scatter(c, name))]
     assert not failures, "\n".join(failures)
+    check_random_floats(name)
 
 
 @pytest.mark.ranks(2)
@@ -178,13 +204,11 @@ def test_low_contention_4_ranks() -> None:
     run_low_contention_cases()
 
 
-@pytest.mark.ranks(2)
-def test_python_api_matches_ops() -> None:
-    """dt_symm_mem.* (group as ProcessGroup or None) give what torch.ops.symm_mem.* give."""
+def check_python_api() -> None:
     import dt_symm_mem
     import torch.distributed as dist
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     A = ints((4, 6), rank)
     B = ints((6, 4), 7)
     A_full, (C,) = dt_symm_mem.fused_all_gather_matmul(A, [B], 0)
@@ -193,7 +217,25 @@ def test_python_api_matches_ops() -> None:
     assert torch.equal(rs, reduce_scatter(A @ B, "sum", 0))
     got = dt_symm_mem.low_contention_reduce_scatter(A, "avg")
     assert torch.equal(got, reduce_scatter(A, "avg", 0))
-    assert world == 2
+    assert torch.equal(dt_symm_mem.low_contention_all_gather(A), gather(A, 0))
+
+
+@pytest.mark.ranks(2)
+def test_python_api_matches_ops() -> None:
+    """dt_symm_mem.* (group as ProcessGroup, name or None) equal the reference, through
+    torch.ops (plugin kernels installed) and directly (as when the plugin is disabled)."""
+    from dt_symm_mem import api, ops
+
+    before = dict(ops.CALLS)
+    check_python_api()
+    saved = api._cpu_kernel_installed
+    api._cpu_kernel_installed = lambda _name: False
+    try:
+        check_python_api()
+    finally:
+        api._cpu_kernel_installed = saved
+    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items()}
+    assert calls["fused_all_gather_matmul"] == 2 and calls["low_contention_all_gather"] == 2
 
 
 @pytest.mark.ranks(2)
