@@ -366,3 +366,28 @@ def test_output_channel_sharded_weights_give_channel_sharded_outputs() -> None:
     x = distribute_tensor(torch.randn(1, 2, 6, 6, generator=gen), mesh, [Shard(2), Replicate()])
     w = distribute_tensor(torch.randn(4, 2, 3, 3, generator=gen), mesh, [Replicate(), Shard(0)])
     assert F.conv2d(x, w, padding=1).placements == (Shard(2), Shard(1))
+
+
+@pytest.mark.ranks(2)
+def test_same_convs_take_the_overlapped_path_and_stay_exact() -> None:
+    from dt_conv import forward
+    from torch.distributed.tensor import Shard
+
+    taken = []
+    original = forward._same_conv_overlapped
+
+    def counting(*args: Any) -> Any:
+        out = original(*args)
+        taken.append(out is not None)
+        return out
+
+    forward._same_conv_overlapped = counting
+    try:
+        cases = [
+            ([Shard(d)], (2, 3, 9, 8), (4, 3, k, k), True, {"padding": "same", "dilation": dil})
+            for d, k, dil in itertools.product((2, 3), (3, 5), (1, 2))
+        ]
+        run_cases(cpu_mesh(2), cases)
+    finally:
+        forward._same_conv_overlapped = original
+    assert sum(taken) >= 4, taken  # thick enough shards overlap; thin ones use the window

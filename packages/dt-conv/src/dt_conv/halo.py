@@ -104,10 +104,14 @@ def _select(t: torch.Tensor, dim: int, rows: tuple[int, ...]) -> torch.Tensor:
     return t.index_select(dim, torch.tensor(rows, device=t.device))
 
 
-def _run(ops: list[dist.P2POp]) -> None:
+def _count(ops: list[dist.P2POp]) -> None:
     for op in ops:
         if op.op is dist.isend:
             traffic["bytes_sent"] += op.tensor.numel() * op.tensor.element_size()
+
+
+def _run(ops: list[dist.P2POp]) -> None:
+    _count(ops)
     if ops:
         for req in dist.batch_isend_irecv(ops):
             req.wait()
@@ -126,32 +130,70 @@ def _piece(seg: Segment, source: torch.Tensor, dim: int) -> torch.Tensor:
     return piece.flip(dim) if seg.step < 0 and length > 1 else piece
 
 
+class PendingWindow:
+    """A halo exchange in flight; `rows(a, b)` assembles part of the window after `wait()`.
+
+    Lets a caller compute on its own rows while the halos travel (overlap), then build
+    only the few window rows it still needs.
+    """
+
+    def __init__(
+        self, local: torch.Tensor, split: DimSplit, mesh: DeviceMesh, fill_value: float
+    ) -> None:
+        group, me, ranks = _peers(mesh, split)
+        self.plan, self.dim, self.local, self.fill_value = (
+            exchange_plan(split, me),
+            split.dim,
+            local,
+            fill_value,
+        )
+        ops = [
+            dist.P2POp(dist.isend, _select(local, self.dim, rows), ranks[r], group)
+            for r, rows in self.plan.sends
+        ]
+        self.buffers = [local.new_empty(_resized(local, self.dim, n)) for _, n in self.plan.recvs]
+        ops += [
+            dist.P2POp(dist.irecv, b, ranks[r], group)
+            for (r, _), b in zip(self.plan.recvs, self.buffers, strict=True)
+        ]
+        _count(ops)
+        self.requests = dist.batch_isend_irecv(ops) if ops else []
+
+    def wait(self) -> PendingWindow:
+        for req in self.requests:
+            req.wait()
+        self.requests = []
+        return self
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Window rows [start, stop) (window-relative), filled and assembled."""
+        pieces, offset, dim = [], 0, self.dim
+        for seg in self.plan.segments:
+            lo, hi = max(start, offset), min(stop, offset + seg.length)
+            if lo < hi:
+                if seg.source == FILL:
+                    shape = _resized(self.local, dim, hi - lo)
+                    pieces.append(self.local.new_full(shape, self.fill_value))
+                else:
+                    source = self.local if seg.source == OWN else self.buffers[seg.source]
+                    piece = _piece(seg, source, dim)
+                    pieces.append(piece.narrow(dim, lo - offset, hi - lo))
+            offset += seg.length
+        if len(pieces) == 1:
+            return pieces[0]
+        if not pieces:
+            return self.local.new_empty(_resized(self.local, dim, 0))
+        return torch.cat(pieces, dim=dim)
+
+    def full(self) -> torch.Tensor:
+        return self.rows(0, self.plan.window_rows)
+
+
 def gather_window(
     local: torch.Tensor, split: DimSplit, mesh: DeviceMesh, fill_value: float = 0.0
 ) -> torch.Tensor:
     """This rank's window along `split.dim`: halo rows from peers, padding filled."""
-    group, me, ranks = _peers(mesh, split)
-    plan, dim = exchange_plan(split, me), split.dim
-    ops = [
-        dist.P2POp(dist.isend, _select(local, dim, rows), ranks[r], group) for r, rows in plan.sends
-    ]
-    buffers = [local.new_empty(_resized(local, dim, n)) for _, n in plan.recvs]
-    ops += [
-        dist.P2POp(dist.irecv, b, ranks[r], group)
-        for (r, _), b in zip(plan.recvs, buffers, strict=True)
-    ]
-    _run(ops)
-    pieces = []
-    for seg in plan.segments:
-        if seg.source == FILL:
-            pieces.append(local.new_full(_resized(local, dim, seg.length), fill_value))
-        else:
-            pieces.append(_piece(seg, local if seg.source == OWN else buffers[seg.source], dim))
-    if len(pieces) == 1:
-        return pieces[0]
-    if not pieces:
-        return local.new_empty(_resized(local, dim, 0))
-    return torch.cat(pieces, dim=dim)
+    return PendingWindow(local, split, mesh, fill_value).wait().full()
 
 
 def scatter_add_window(
