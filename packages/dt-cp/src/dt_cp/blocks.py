@@ -23,6 +23,8 @@ aten = torch.ops.aten
 NEG_INF = float("-inf")
 # Largest score tile (elements) the math kernel materialises at once.
 MATH_TILE = 1 << 22
+# Work counters (score elements each rank computed), read by the benchmark.
+STATS = {"score_elements": 0}
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,11 @@ class Accumulator:
         old.copy_(new)
 
 
+def _pair_work(rel: str, qn: int, kn: int) -> int:
+    """Visible (query, key) pairs of a range pair: what a causal-skipping kernel computes."""
+    return qn * (qn + 1) // 2 if rel == "diag" else qn * kn
+
+
 def _pairs(spec: AttentionSpec, q_ranges: list[Range], kv_ranges: list[Range]):
     for ql, q0, qn in with_offsets(q_ranges):
         for kl, k0, kn in with_offsets(kv_ranges):
@@ -290,6 +297,7 @@ def block_forward(
     leaf = native_forward if spec.native else math_forward
     for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
         qn, kn = pos[1], pos[3]
+        STATS["score_elements"] += q.shape[0] * q.shape[1] * _pair_work(rel, qn, kn)
         result = leaf(
             spec,
             q[:, :, ql : ql + qn],

@@ -29,8 +29,9 @@ def _sync(device: torch.device) -> None:
 
 
 def run_stage(small: bool = True) -> dict:
-    import dt_cp
     from torch.distributed.device_mesh import init_device_mesh
+
+    import dt_cp
 
     device = _device()
     ranks = dist.get_world_size()
