@@ -302,8 +302,9 @@ class Accumulator:
         ref = torch.where(torch.isneginf(new), 0.0, new)
         w_old = torch.exp(old - ref).unsqueeze(-1)
         w_new = torch.exp(lse - ref).unsqueeze(-1)
-        out = torch.where(torch.isneginf(lse).unsqueeze(-1), 0.0, out.to(o.dtype))
-        o.copy_(o * w_old + out * w_new)
+        # In place, one temporary: this runs once per block on O(S/P)-sized outputs.
+        out = out.to(o.dtype).masked_fill_(torch.isneginf(lse).unsqueeze(-1), 0.0)
+        o.mul_(w_old).add_(out.mul_(w_new))
         old.copy_(new)
 
 
@@ -358,15 +359,19 @@ def block_backward(
     kv_ranges: list[Range],
     out: torch.Tensor,
     lse: torch.Tensor,
+    dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Add this block's share of dq into `dq`; return the block's (dk, dv).
+
+    `dk` / `dv`, when given, are accumulated into in place (the ring's travelling sums).
 
     `out` and `lse` are the final (merged) forward results, which make each block's
     gradient exact on its own (softmax probabilities are exp(score - final lse)).
     """
     leaf = native_backward if spec.native else math_backward
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    dk = torch.zeros_like(k) if dk is None else dk
+    dv = torch.zeros_like(v) if dv is None else dv
     safe_lse = torch.where(torch.isneginf(lse), float("inf"), lse)
     for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
         qn, kn = pos[1], pos[3]
