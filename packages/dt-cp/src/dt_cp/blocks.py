@@ -23,6 +23,8 @@ aten = torch.ops.aten
 NEG_INF = float("-inf")
 # Largest score tile (elements) the math kernel materialises at once.
 MATH_TILE = 1 << 22
+# Longest run of rows one kernel call sees (bounds per-call temporaries; see with_offsets).
+MAX_RANGE_ROWS = 4096
 # Work counters (score elements each rank computed), read by the benchmark.
 STATS = {"score_elements": 0}
 
@@ -42,12 +44,21 @@ class AttentionSpec:
     head_offset: int = 0  # use torch's fused CPU kernel (no score_mod / mask_mod)
 
 
-def with_offsets(ranges: list[Range]) -> list[tuple[int, int, int]]:
-    """(local offset, global start, length) for each non-empty range."""
+def with_offsets(ranges: list[Range], max_rows: int | None = None) -> list[tuple[int, int, int]]:
+    """(local offset, global start, length) for each non-empty range, cut to `max_rows`.
+
+    Cutting query and key ranges at the same global grid keeps causal pairs on the
+    diagonal exact squares (fused kernel's own causal flag) and bounds the temporaries
+    each kernel call makes (its dq/dk/dv and outputs) to `max_rows` rows.
+    """
+    step = max_rows or MAX_RANGE_ROWS
     out, offset = [], 0
     for start, n in ranges:
-        if n:
-            out.append((offset, start, n))
+        cut = start
+        while cut < start + n:
+            end = min(start + n, (cut // step + 1) * step)
+            out.append((offset + cut - start, cut, end - cut))
+            cut = end
         offset += n
     return out
 
