@@ -174,6 +174,7 @@ def ring_backward(
             dk=grads[0],
             dv=grads[1],
         )
+        current = []  # done with this block: free it before the next buffers arrive
         recv_grads = _block_buffers(k, v, sizes[(owner - 1) % parts])
         grads_in = RingStep(grads, recv_grads, pg, tag=2)
         del grads
