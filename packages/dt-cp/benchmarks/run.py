@@ -227,7 +227,10 @@ def main() -> None:
             "log_y": True,
         },
     ]
-    report = {"package": "dt-cp", "rows": rows, "series": series, "single_peak_mb": single_peak}
+    for row in rows:
+        if row["metric"] == "fwd_bwd_seconds":
+            row["notes"] += f"; single-process peak RSS rise {single_peak:.1f} MB"
+    report = {"package": "dt-cp", "rows": rows, "series": series}
     with open(args.json, "w") as f:
         json.dump(report, f, indent=2)
     for row in rows:
