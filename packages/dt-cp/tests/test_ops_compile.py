@@ -59,7 +59,7 @@ def test_compiled_forward_matches_eager_reference() -> None:
     def attend(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     from dt_cp.plan import reset_warnings
 
     reset_warnings()
