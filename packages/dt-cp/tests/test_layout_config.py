@@ -84,6 +84,9 @@ def test_shard_roundtrip_and_fallback_warning() -> None:
     assert not torch.equal(balanced.full_tensor(), t)  # really permuted
 
     # Mixed placements are unsupported: exact replicated fallback, one warning naming why.
+    from dt_cp.plan import reset_warnings
+
+    reset_warnings()
     q = distribute_tensor(t, mesh, [Shard(2)]).requires_grad_()
     k = distribute_tensor(t, mesh, [Replicate()]).requires_grad_()
     with warnings.catch_warnings(record=True) as caught:

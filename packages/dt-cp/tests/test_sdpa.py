@@ -58,6 +58,26 @@ def sdpa_cases(world: int) -> None:
                 return compare(f"{algorithm} mask {mask.dtype}", f, f, mesh, (2, 2, 11, 4))
 
         cases.append((f"mask-{algorithm}", run_mask))
+
+    def small_kernel_calls():
+        # Ranges cut into 3-row pieces: many diagonal / full / skipped pairs per block.
+        import dt_cp
+        from dt_cp import blocks
+
+        saved, blocks.MAX_RANGE_ROWS = blocks.MAX_RANGE_ROWS, 3
+        try:
+            for algorithm, balancer in (("ring", "head_tail"), ("allgather", "none")):
+                with dt_cp.settings(algorithm=algorithm):
+                    for f in (sdpa(is_causal=True), sdpa(attn_mask=bool_mask)):
+                        name = f"3-row pieces {algorithm} {balancer}"
+                        failure = compare(name, f, f, mesh, (1, 2, 11, 4), balancer=balancer)
+                        if failure:
+                            return failure
+        finally:
+            blocks.MAX_RANGE_ROWS = saved
+        return None
+
+    cases.append(("small kernel calls", small_kernel_calls))
     run_all(cases)
 
 

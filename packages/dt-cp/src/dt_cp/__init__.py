@@ -15,6 +15,10 @@ def __getattr__(name: str) -> object:
         from . import sharding
 
         return getattr(sharding, name)
+    if name in ("install_flex_rule", "remove_flex_rule"):
+        from . import flex_hop
+
+        return getattr(flex_hop, name)
     if name in ("flex_attention", "create_block_mask"):
         from . import flex
 
@@ -29,6 +33,8 @@ __all__ = [
     "configure",
     "create_block_mask",
     "flex_attention",
+    "install_flex_rule",
+    "remove_flex_rule",
     "shard_sequence",
     "unshard_sequence",
     "current",

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .blocks import Accumulator, AttentionSpec, block_backward, block_forward
-from .comm import RingStep, group_of, pack, unpack
+from .comm import RingStep, group_of
 from .layout import Range, SequenceLayout
 
 
@@ -98,27 +98,30 @@ def allgather_backward(
 # --- ring -------------------------------------------------------------------------------
 
 
+def _block_buffers(k: torch.Tensor, v: torch.Tensor, n: int) -> list[torch.Tensor]:
+    return [k.new_empty(_kv_shape(k, n)), v.new_empty(_kv_shape(v, n))]
+
+
 def ring_forward(
     spec: AttentionSpec, shards: Shards, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """P steps; the next K/V block is in flight while the current one is computed."""
     pg = group_of(shards.group)
     sizes = shards.kv_layout.sizes()
+    parts = shards.parts
     acc = Accumulator(q, v.shape[-1])
     q_ranges = shards.q_ranges()
     owner = shards.rank
-    current = pack([k, v])
-    for step in range(shards.parts):
+    current = [k, v]
+    for step in range(parts):
         incoming = None
-        if step < shards.parts - 1:
-            nxt = (owner - 1) % shards.parts
-            n = sizes[nxt]
-            recv = current.new_empty(_numel(k, n) + _numel(v, n))
+        if step < parts - 1:
+            recv = _block_buffers(k, v, sizes[(owner - 1) % parts])
             incoming = RingStep(current, recv, pg, tag=1)
-        k_b, v_b = unpack(current, [_kv_shape(k, sizes[owner]), _kv_shape(v, sizes[owner])])
-        block_forward(spec, acc, q, q_ranges, k_b, v_b, shards.kv_layout.ranges(owner))
+        block_forward(spec, acc, q, q_ranges, *current, shards.kv_layout.ranges(owner))
         if incoming is not None:
             current = incoming.wait()
-            owner = (owner - 1) % shards.parts
+            owner = (owner - 1) % parts
     return acc.out.to(q.dtype), acc.lse, acc.max
 
 
@@ -136,39 +139,51 @@ def ring_backward(
     out: torch.Tensor,
     lse: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Blocks go round again; each carries its dK/dV accumulator, which ends at its owner."""
+    """Blocks go round again; each carries its dK/dV accumulator, which ends at its owner.
+
+    Per rank at most: the block in hand, the next block arriving, the accumulator in hand
+    and the one arriving (each O(S/P)); the K/V prefetch overlaps the block's compute.
+    """
     pg = group_of(shards.group)
     sizes = shards.kv_layout.sizes()
     parts = shards.parts
     q_ranges = shards.q_ranges()
     dq = torch.zeros_like(q)
     owner = shards.rank
-    current = pack([k, v])
-    grads_in: RingStep | None = None  # dK/dV of the block in hand, arriving from rank-1
+    current = [k, v]
+    grads_in: RingStep | None = None  # accumulator of the block in hand, from rank-1
     for step in range(parts):
-        kv_shapes = [_kv_shape(k, sizes[owner]), _kv_shape(v, sizes[owner])]
         incoming = None
         if step < parts - 1:
-            n = sizes[(owner - 1) % parts]
-            recv = current.new_empty(_numel(k, n) + _numel(v, n))
+            recv = _block_buffers(k, v, sizes[(owner - 1) % parts])
             incoming = RingStep(current, recv, pg, tag=1)
-        k_b, v_b = unpack(current, kv_shapes)
-        dk_b, dv_b = block_backward(
-            spec, dq, dout, q, q_ranges, k_b, v_b, shards.kv_layout.ranges(owner), out, lse
+        if grads_in is None:
+            grads = [torch.zeros_like(k), torch.zeros_like(v)]
+        else:
+            grads = grads_in.wait()
+        block_backward(
+            spec,
+            dq,
+            dout,
+            q,
+            q_ranges,
+            *current,
+            shards.kv_layout.ranges(owner),
+            out,
+            lse,
+            dk=grads[0],
+            dv=grads[1],
         )
-        mine = pack([dk_b, dv_b])
-        if grads_in is not None:
-            mine += grads_in.wait()
-        # Pass the accumulated dK/dV on with the block; after `parts` hops it is home.
-        n_next = sizes[(owner - 1) % parts]
-        recv_grads = mine.new_empty(_numel(k, n_next) + _numel(v, n_next))
-        grads_in = RingStep(mine, recv_grads, pg, tag=2)
+        current = []  # done with this block: free it before the next buffers arrive
+        recv_grads = _block_buffers(k, v, sizes[(owner - 1) % parts])
+        grads_in = RingStep(grads, recv_grads, pg, tag=2)
+        del grads
         if incoming is not None:
             current = incoming.wait()
         owner = (owner - 1) % parts
     if grads_in is None:
         raise RuntimeError("dt-cp: ring backward needs at least one rank")
-    dk, dv = unpack(grads_in.wait(), [list(k.shape), list(v.shape)])
+    dk, dv = grads_in.wait()
     return dq, dk, dv
 
 

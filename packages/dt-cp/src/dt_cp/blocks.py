@@ -23,6 +23,10 @@ aten = torch.ops.aten
 NEG_INF = float("-inf")
 # Largest score tile (elements) the math kernel materialises at once.
 MATH_TILE = 1 << 22
+# Longest run of rows one kernel call sees (bounds per-call temporaries; see with_offsets).
+MAX_RANGE_ROWS = 4096
+# Work counters (score elements each rank computed), read by the benchmark.
+STATS = {"score_elements": 0}
 
 
 @dataclass(frozen=True)
@@ -35,16 +39,26 @@ class AttentionSpec:
     score_mod: Callable[..., torch.Tensor] | None = None
     mask_mod: Callable[..., torch.Tensor] | None = None
     native: bool = False
+    score_mod_vjp: Callable[..., torch.Tensor] | None = None  # (raw, b, h, q, kv, grad)
     batch_offset: int = 0  # global index of the first local batch row (score/mask mods)
     head_offset: int = 0  # use torch's fused CPU kernel (no score_mod / mask_mod)
 
 
-def with_offsets(ranges: list[Range]) -> list[tuple[int, int, int]]:
-    """(local offset, global start, length) for each non-empty range."""
+def with_offsets(ranges: list[Range], max_rows: int | None = None) -> list[tuple[int, int, int]]:
+    """(local offset, global start, length) for each non-empty range, cut to `max_rows`.
+
+    Cutting query and key ranges at the same global grid keeps causal pairs on the
+    diagonal exact squares (fused kernel's own causal flag) and bounds the temporaries
+    each kernel call makes (its dq/dk/dv and outputs) to `max_rows` rows.
+    """
+    step = max_rows or MAX_RANGE_ROWS
     out, offset = [], 0
     for start, n in ranges:
-        if n:
-            out.append((offset, start, n))
+        cut = start
+        while cut < start + n:
+            end = min(start + n, (cut // step + 1) * step)
+            out.append((offset + cut - start, cut, end - cut))
+            cut = end
         offset += n
     return out
 
@@ -198,6 +212,25 @@ def math_forward(
     return torch.cat(outs, 2), torch.cat(lses, 2), torch.cat(maxes, 2)
 
 
+def autograd_vjp(score_mod: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """d(score_mod)/d(score) applied to a gradient, by autograd (needs autograd enabled)."""
+
+    def vjp(
+        raw: torch.Tensor,
+        b: torch.Tensor,
+        h: torch.Tensor,
+        qi: torch.Tensor,
+        kj: torch.Tensor,
+        grad: torch.Tensor,
+    ) -> torch.Tensor:
+        with torch.enable_grad():
+            x = raw.detach().requires_grad_()
+            y = torch.broadcast_to(score_mod(x, b, h, qi, kj), x.shape)
+            return torch.autograd.grad(y, x, grad)[0]
+
+    return vjp
+
+
 def math_backward(
     spec: AttentionSpec,
     dout: torch.Tensor,
@@ -209,31 +242,47 @@ def math_backward(
     rel: str,
     pos: tuple,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Flash-style backward from the final lse; analytic except for score_mod's own vjp.
+
+    Runs inside DTensor / HOP dispatch, below autograd, so it does not lean on autograd
+    (the score_mod vjp comes from `spec.score_mod_vjp`: torch's joint graph, or autograd
+    where that is available).
+    """
     q0, qn, k0, kn = pos
     heads = q.shape[1]
     groups = heads // k.shape[1]
     rows = _chunks(spec, q, kn)
-    vx = _expand_heads(v, heads)
+    kx, vx = _expand_heads(k, heads), _expand_heads(v, heads)
     dqs = []
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    dkx = torch.zeros_like(kx)
+    dvx = torch.zeros_like(vx)
     for c in range(0, qn, rows):
         sl = slice(c, c + rows)
-        with torch.enable_grad():
-            qc = q[:, :, sl].detach().requires_grad_()
-            kc = k.detach().requires_grad_()
-            s = _scores(spec, qc, kc, rel, q0 + c, k0)
-            safe = torch.where(torch.isneginf(lse[:, :, sl]), float("inf"), lse[:, :, sl])
-            p = torch.exp(s.detach() - safe.unsqueeze(-1))
-            do = dout[:, :, sl]
-            dvx = torch.matmul(p.transpose(-1, -2).to(do.dtype), do)
-            delta = (do * out[:, :, sl]).sum(-1, keepdim=True)
-            ds = p * (torch.matmul(do, vx.transpose(-1, -2)) - delta)
-            dq_c, dk_c = torch.autograd.grad(s, (qc, kc), ds)
-        dqs.append(dq_c)
-        dk += dk_c
-        b_, _, n, e = dvx.shape
-        dv += dvx.view(b_, heads // groups, groups, n, e).sum(2)
+        qc, do = q[:, :, sl], dout[:, :, sl]
+        raw = _scores(AttentionSpec(spec.scale), qc, k, "full", q0 + c, k0)
+        s = _scores(spec, qc, k, rel, q0 + c, k0)
+        safe = torch.where(torch.isneginf(lse[:, :, sl]), float("inf"), lse[:, :, sl])
+        p = torch.exp(s - safe.unsqueeze(-1))
+        dvx += torch.matmul(p.transpose(-1, -2).to(do.dtype), do)
+        delta = (do * out[:, :, sl]).sum(-1, keepdim=True)
+        ds = p * (torch.matmul(do, vx.transpose(-1, -2)) - delta)
+        if spec.score_mod is not None:
+            if spec.score_mod_vjp is None:
+                raise NotImplementedError("dt-cp: score_mod without a way to differentiate it")
+            b_, h_ = qc.shape[0], qc.shape[1]
+            dev = q.device
+            bi = torch.arange(spec.batch_offset, spec.batch_offset + b_, device=dev)
+            hi = torch.arange(spec.head_offset, spec.head_offset + h_, device=dev)
+            qi = torch.arange(q0 + c, q0 + c + qc.shape[2], device=dev).view(1, 1, -1, 1)
+            kj = torch.arange(k0, k0 + kn, device=dev).view(1, 1, 1, kn)
+            ds = spec.score_mod_vjp(raw, bi.view(-1, 1, 1, 1), hi.view(1, -1, 1, 1), qi, kj, ds)
+            ds = torch.where(p > 0, ds, 0.0)  # masked entries carry no gradient
+        ds = ds.to(q.dtype) * spec.scale
+        dqs.append(torch.matmul(ds, kx))
+        dkx += torch.matmul(ds.transpose(-1, -2), qc)
+    b_, _, n, e = dkx.shape
+    dk = dkx.view(b_, heads // groups, groups, n, e).sum(2)
+    dv = dvx.view(b_, heads // groups, groups, n, dvx.shape[-1]).sum(2)
     return torch.cat(dqs, 2), dk, dv
 
 
@@ -264,9 +313,15 @@ class Accumulator:
         ref = torch.where(torch.isneginf(new), 0.0, new)
         w_old = torch.exp(old - ref).unsqueeze(-1)
         w_new = torch.exp(lse - ref).unsqueeze(-1)
-        out = torch.where(torch.isneginf(lse).unsqueeze(-1), 0.0, out.to(o.dtype))
-        o.copy_(o * w_old + out * w_new)
+        # In place, one temporary: this runs once per block on O(S/P)-sized outputs.
+        out = out.to(o.dtype).masked_fill_(torch.isneginf(lse).unsqueeze(-1), 0.0)
+        o.mul_(w_old).add_(out.mul_(w_new))
         old.copy_(new)
+
+
+def _pair_work(rel: str, qn: int, kn: int) -> int:
+    """Visible (query, key) pairs of a range pair: what a causal-skipping kernel computes."""
+    return qn * (qn + 1) // 2 if rel == "diag" else qn * kn
 
 
 def _pairs(spec: AttentionSpec, q_ranges: list[Range], kv_ranges: list[Range]):
@@ -290,6 +345,9 @@ def block_forward(
     leaf = native_forward if spec.native else math_forward
     for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
         qn, kn = pos[1], pos[3]
+        work = q.shape[0] * q.shape[1] * _pair_work(rel, qn, kn)
+        if type(work) is int:  # not while tracing with symbolic shapes
+            STATS["score_elements"] += work
         result = leaf(
             spec,
             q[:, :, ql : ql + qn],
@@ -312,15 +370,19 @@ def block_backward(
     kv_ranges: list[Range],
     out: torch.Tensor,
     lse: torch.Tensor,
+    dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Add this block's share of dq into `dq`; return the block's (dk, dv).
+
+    `dk` / `dv`, when given, are accumulated into in place (the ring's travelling sums).
 
     `out` and `lse` are the final (merged) forward results, which make each block's
     gradient exact on its own (softmax probabilities are exp(score - final lse)).
     """
     leaf = native_backward if spec.native else math_backward
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    dk = torch.zeros_like(k) if dk is None else dk
+    dv = torch.zeros_like(v) if dv is None else dv
     safe_lse = torch.where(torch.isneginf(lse), float("inf"), lse)
     for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
         qn, kn = pos[1], pos[3]

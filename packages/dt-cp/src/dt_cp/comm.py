@@ -57,38 +57,33 @@ def reduce_scatter_seq(x: torch.Tensor, dim: int, sizes: Sequence[int], group: s
 
 
 class RingStep:
-    """One async ring shift: send a tensor to rank+1 and receive one from rank-1."""
+    """One async ring shift: send tensors to rank+1 and receive as many from rank-1.
+
+    Tensors go as separate messages (no packing copy: the ring's point is memory).
+    """
 
     def __init__(
-        self, send: torch.Tensor, recv: torch.Tensor, pg: dist.ProcessGroup, tag: int = 0
+        self,
+        send: Sequence[torch.Tensor],
+        recv: Sequence[torch.Tensor],
+        pg: dist.ProcessGroup,
+        tag: int = 0,
     ) -> None:
         rank, size = dist.get_rank(pg), dist.get_world_size(pg)
-        self.recv = recv
-        self._send = send  # kept alive until the send completes
+        self.recv = list(recv)
+        self._send = [t.contiguous() for t in send]  # kept alive until the sends complete
         ops = [
-            dist.P2POp(dist.isend, send, group=pg, group_peer=(rank + 1) % size, tag=tag),
-            dist.P2POp(dist.irecv, recv, group=pg, group_peer=(rank - 1) % size, tag=tag),
+            dist.P2POp(dist.isend, t, group=pg, group_peer=(rank + 1) % size, tag=tag)
+            for t in self._send
+        ] + [
+            dist.P2POp(dist.irecv, t, group=pg, group_peer=(rank - 1) % size, tag=tag)
+            for t in self.recv
         ]
         self._works = dist.batch_isend_irecv(ops)
 
-    def wait(self) -> torch.Tensor:
+    def wait(self) -> list[torch.Tensor]:
         for work in self._works:
             work.wait()
         self._works = []
+        self._send = []
         return self.recv
-
-
-def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One flat buffer for several tensors of one dtype (one message instead of many)."""
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def unpack(flat: torch.Tensor, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for shape in shapes:
-        n = 1
-        for s in shape:
-            n *= s
-        out.append(flat[offset : offset + n].view(list(shape)))
-        offset += n
-    return out

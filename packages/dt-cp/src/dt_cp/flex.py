@@ -18,7 +18,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
-from .blocks import AttentionSpec
+from .blocks import AttentionSpec, autograd_vjp
 from .plan import as_dtensor, batch_head_offsets, make_plan, warn_fallback
 
 LN2 = math.log(2.0)
@@ -138,7 +138,12 @@ def flex_attention(
         return _fallback(query, key, value, score, masked, scale, return_lse)
     b_off, h_off = batch_head_offsets(query)
     spec = AttentionSpec(
-        scale, score_mod=score, mask_mod=masked, batch_offset=b_off, head_offset=h_off
+        scale,
+        score_mod=score,
+        mask_mod=masked,
+        score_mod_vjp=autograd_vjp(score) if score is not None else None,
+        batch_offset=b_off,
+        head_offset=h_off,
     )
     shards = plan.shards or Shards.local(query.shape[2], key.shape[2])
     out, lse = _ContextParallelFlex.apply(
@@ -165,7 +170,8 @@ def _fallback(
     rep = [Replicate()] * mesh.ndim
     full = [t.redistribute(mesh, rep) if isinstance(t, DTensor) else t for t in (key, value)]
     q_full = query.redistribute(mesh, rep)
-    spec = AttentionSpec(scale, score_mod=score, mask_mod=masked)
+    vjp = autograd_vjp(score) if score is not None else None
+    spec = AttentionSpec(scale, score_mod=score, mask_mod=masked, score_mod_vjp=vjp)
     shards = Shards.local(query.shape[2], key.shape[2])
     out, lse = _ContextParallelFlex.apply(
         q_full.to_local(), full[0].to_local(), full[1].to_local(), spec, shards, "allgather"

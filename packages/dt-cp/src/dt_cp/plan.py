@@ -35,6 +35,11 @@ def warn_fallback(what: str, reason: str) -> None:
         )
 
 
+def reset_warnings() -> None:
+    """Warn again about reasons already warned about (tests, long-running sessions)."""
+    _warned.clear()
+
+
 @dataclass(frozen=True)
 class CpPlan:
     mesh: DeviceMesh

@@ -11,16 +11,16 @@ from typing import Any
 from dt_core import LibraryOps, OpHandler, hookimpl
 
 
-def _cpu_forward(op_call: Any, args: tuple, kwargs: dict) -> object:
-    from dt_cp.sdpa import cpu_forward
+def _forward(op_call: Any, args: tuple, kwargs: dict) -> object:
+    from dt_cp.sdpa import forward_handler
 
-    return cpu_forward(op_call, args, kwargs)
+    return forward_handler(op_call, args, kwargs)
 
 
-def _cpu_backward(op_call: Any, args: tuple, kwargs: dict) -> object:
-    from dt_cp.sdpa import cpu_backward
+def _backward(op_call: Any, args: tuple, kwargs: dict) -> object:
+    from dt_cp.sdpa import backward_handler
 
-    return cpu_backward(op_call, args, kwargs)
+    return backward_handler(op_call, args, kwargs)
 
 
 def _define(lib: Any) -> None:
@@ -41,7 +41,10 @@ def dt_op_handlers() -> list[OpHandler]:
     import torch
 
     aten = torch.ops.aten
-    return [
-        OpHandler(aten._scaled_dot_product_flash_attention_for_cpu.default, _cpu_forward),
-        OpHandler(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, _cpu_backward),
-    ]
+    kernels = ("flash_attention_for_cpu", "flash_attention", "efficient_attention")
+    handlers = []
+    for kernel in (*kernels, "cudnn_attention"):
+        forward = getattr(aten, f"_scaled_dot_product_{kernel}").default
+        backward = getattr(aten, f"_scaled_dot_product_{kernel}_backward").default
+        handlers += [OpHandler(forward, _forward), OpHandler(backward, _backward)]
+    return handlers

@@ -1,145 +1,185 @@
-"""DTensor handlers for torch's SDPA kernels on sequence-sharded q, k, v.
+"""DTensor handlers for torch's fused SDPA kernels on sequence-sharded q, k, v.
 
-`F.scaled_dot_product_attention` on CPU reaches DTensor as
-`aten._scaled_dot_product_flash_attention_for_cpu` (causal, attn_mask, scale and GQA
-included) and its backward; dropout takes torch's decomposed math path instead, which
-this plugin leaves alone. The handlers run one of the exact algorithms on the local
-shards and wrap the results as DTensors sharded like q.
+`F.scaled_dot_product_attention` reaches DTensor as one of torch's fused kernels: on CPU
+`aten._scaled_dot_product_flash_attention_for_cpu` (causal, attn_mask, scale and GQA all
+land there), on CUDA the flash / efficient / cuDNN kernels; each has a backward op.
+Dropout, or value head dims unlike q's, make torch pick its decomposed math path
+instead, which this plugin leaves to torch. The handlers run one of the exact
+algorithms on the local shards and wrap the results as DTensors sharded like q; extra
+outputs (RNG state, sequence offsets) are placeholders only our backward reads.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
-from .algorithms import run_backward, run_forward
+from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec
 from .plan import CpPlan, as_dtensor, full_mask, make_plan, to_placements, warn_fallback
 
-aten = torch.ops.aten
-FORWARD_CPU = "sdpa (CPU)"
+
+@dataclass(frozen=True)
+class ForwardOp:
+    """Where an SDPA forward op keeps its arguments, and how its outputs are laid out."""
+
+    mask_arg: str | None  # name of the attn_mask / attn_bias argument
+    extras: Callable[[torch.Tensor, int, int], tuple]  # outputs after (out, lse)
 
 
-def bind(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[object]:
-    """All arguments of `op_call` positionally, defaults filled in."""
-    values: list[object] = []
+@dataclass(frozen=True)
+class BackwardOp:
+    mask_arg: str | None
+    grad_arg: str
+    lse_arg: str
+    n_outputs: int  # 3, or 4 with a bias gradient
+
+
+def _flash_extras(like: torch.Tensor, q_len: int, kv_len: int) -> tuple:
+    e = like.new_empty(0)
+    return (e, e, q_len, kv_len, e, e, e)
+
+
+def _efficient_extras(like: torch.Tensor, q_len: int, kv_len: int) -> tuple:
+    e = like.new_empty(0)
+    return (e, e)
+
+
+FORWARD: dict[str, ForwardOp] = {
+    "_scaled_dot_product_flash_attention_for_cpu": ForwardOp("attn_mask", lambda *a: ()),
+    "_scaled_dot_product_flash_attention": ForwardOp(None, _flash_extras),
+    "_scaled_dot_product_efficient_attention": ForwardOp("attn_bias", _efficient_extras),
+    "_scaled_dot_product_cudnn_attention": ForwardOp("attn_bias", _flash_extras),
+}
+BACKWARD: dict[str, BackwardOp] = {
+    "_scaled_dot_product_flash_attention_for_cpu_backward": BackwardOp(
+        "attn_mask", "grad_out", "logsumexp", 3
+    ),
+    "_scaled_dot_product_flash_attention_backward": BackwardOp(None, "grad_out", "logsumexp", 3),
+    "_scaled_dot_product_efficient_attention_backward": BackwardOp(
+        "attn_bias", "grad_out_", "logsumexp", 4
+    ),
+    "_scaled_dot_product_cudnn_attention_backward": BackwardOp(
+        "attn_bias", "grad_out", "logsumexp", 3
+    ),
+}
+
+
+def bind(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, object]:
+    """Every argument of `op_call` by name, defaults filled in."""
+    values: dict[str, object] = {}
     for i, arg in enumerate(op_call._schema.arguments):
         if i < len(args):
-            values.append(args[i])
+            values[arg.name] = args[i]
         elif arg.name in kwargs:
-            values.append(kwargs[arg.name])
+            values[arg.name] = kwargs[arg.name]
         else:
-            values.append(arg.default_value)
+            values[arg.name] = arg.default_value
     return values
 
 
-def _spec(q: DTensor, k: DTensor, causal: bool, mask: object, scale: float | None) -> AttentionSpec:
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+def _spec(q: DTensor, k: DTensor, causal: bool, mask: object, scale: object) -> AttentionSpec:
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return AttentionSpec(
         scale=scale,
-        causal=causal,
+        causal=bool(causal),
         attn_mask=full_mask(mask, q.shape[2], k.shape[2]),
         native=q.device.type == "cpu",
     )
 
 
-def _replicated(t: object, mesh: object) -> object:
+def _plan(a: dict[str, object], mask: object) -> CpPlan | str:
+    plan = make_plan(a["query"], a["key"], a["value"], mask)
+    if isinstance(plan, CpPlan) and a.get("dropout_p"):
+        return "dropout is not supported"
+    if isinstance(plan, CpPlan) and isinstance(mask, torch.Tensor) and mask.requires_grad:
+        return "attn_bias needs a gradient"
+    return plan
+
+
+def _shards(plan: CpPlan, q: DTensor, k: DTensor) -> Shards:
+    return plan.shards or Shards.local(q.shape[2], k.shape[2])
+
+
+def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    info = FORWARD[op_call._schema.name.split("::")[-1]]
+    a = bind(op_call, args, kwargs)
+    q, k, v = a["query"], a["key"], a["value"]
+    mask = a[info.mask_arg] if info.mask_arg else None
+    plan = _plan(a, mask)
+    if isinstance(plan, str):
+        warn_fallback("scaled_dot_product_attention", plan)
+        return _fallback(op_call, args, kwargs, (q,) * 2)
+    spec = _spec(q, k, a["is_causal"], mask, a["scale"])
+    with torch.no_grad():
+        out, lse, _ = run_forward(
+            plan.algorithm, spec, _shards(plan, q, k), q.to_local(), k.to_local(), v.to_local()
+        )
+    b_, h_, n, _ = q.shape
+    mesh, pl = plan.mesh, plan.placements
+    rep = [Replicate()] * mesh.ndim
+    extras = tuple(
+        as_dtensor(e, mesh, rep, e.shape) if isinstance(e, torch.Tensor) else e
+        for e in info.extras(out, n, k.shape[2])
+    )
+    return (
+        as_dtensor(out, mesh, pl, (b_, h_, n, v.shape[-1])),
+        as_dtensor(lse, mesh, pl, (b_, h_, n)),
+        *extras,
+    )
+
+
+def backward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    info = BACKWARD[op_call._schema.name.split("::")[-1]]
+    a = bind(op_call, args, kwargs)
+    q, k, v = a["query"], a["key"], a["value"]
+    mask = a[info.mask_arg] if info.mask_arg else None
+    plan = _plan(a, mask)
+    if isinstance(plan, CpPlan) and info.n_outputs == 4 and a["grad_input_mask"][3]:
+        plan = "attn_bias needs a gradient"
+    if isinstance(plan, str):
+        warn_fallback("scaled_dot_product_attention backward", plan)
+        return _fallback(op_call, args, kwargs, (q, k, v))
+    mesh, pl = plan.mesh, plan.placements
+    dout, out, lse = (to_placements(a[n], mesh, pl) for n in (info.grad_arg, "out", info.lse_arg))
+    spec = _spec(q, k, a["is_causal"], mask, a["scale"])
+    tensors = [t.to_local() if isinstance(t, DTensor) else t for t in (dout, q, k, v, out, lse)]
+    with torch.no_grad():
+        grads = run_backward(plan.algorithm, spec, _shards(plan, q, k), *tensors)
+    wrapped = tuple(
+        as_dtensor(g.contiguous(), mesh, pl, t.shape) for g, t in zip(grads, (q, k, v), strict=True)
+    )
+    return wrapped + (None,) * (info.n_outputs - 3)
+
+
+def _replicated(t: object) -> object:
     if isinstance(t, DTensor):
-        return t.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()
+        return t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim).to_local()
     return t
 
 
-def _target(placements: tuple) -> list:
-    return [Replicate() if isinstance(p, Partial) else p for p in placements]
-
-
-def cpu_forward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    q, k, v, dropout_p, causal, mask, scale = bind(op_call, args, kwargs)
-    plan = make_plan(q, k, v, mask)
-    if isinstance(plan, CpPlan) and dropout_p:
-        plan = "dropout is not supported"
-    if isinstance(plan, str):
-        return _forward_fallback(op_call, plan, q, k, v, dropout_p, causal, mask, scale)
-    spec = _spec(q, k, causal, mask, scale)
-    ql, kl, vl = q.to_local(), k.to_local(), v.to_local()
-    with torch.no_grad():
-        if plan.shards is None:
-            out, lse = op_call(ql, kl, vl, 0.0, causal, attn_mask=_local_mask(mask), scale=scale)
-        else:
-            out, lse, _ = run_forward(plan.algorithm, spec, plan.shards, ql, kl, vl)
-    b_, h_, n, _ = q.shape
-    out_shape = (b_, h_, n, v.shape[-1])
-    return (
-        as_dtensor(out, plan.mesh, plan.placements, out_shape),
-        as_dtensor(lse, plan.mesh, plan.placements, (b_, h_, n)),
-    )
-
-
-def _local_mask(mask: object) -> object:
-    return mask.full_tensor() if isinstance(mask, DTensor) else mask
-
-
-def cpu_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    dout, q, k, v, out, lse, dropout_p, causal, mask, scale = bind(op_call, args, kwargs)
-    plan = make_plan(q, k, v, mask)
-    if isinstance(plan, CpPlan) and dropout_p:
-        plan = "dropout is not supported"
-    if isinstance(plan, str):
-        return _backward_fallback(op_call, plan, args, kwargs, q, k, v)
-    mesh, pl = plan.mesh, plan.placements
-    dout, out, lse = (to_placements(t, mesh, pl) for t in (dout, out, lse))
-    spec = _spec(q, k, causal, mask, scale)
-    locals_ = [t.to_local() if isinstance(t, DTensor) else t for t in (dout, q, k, v, out, lse)]
-    with torch.no_grad():
-        if plan.shards is None:
-            grads = op_call(*locals_, 0.0, causal, attn_mask=_local_mask(mask), scale=scale)
-        else:
-            grads = run_backward(plan.algorithm, spec, plan.shards, *locals_)
-    return tuple(
-        as_dtensor(g.contiguous(), mesh, pl, t.shape) for g, t in zip(grads, (q, k, v), strict=True)
-    )
-
-
-def _forward_fallback(
-    op_call: torch._ops.OpOverload,
-    reason: str,
-    q: object,
-    k: object,
-    v: object,
-    dropout_p: float,
-    causal: bool,
-    mask: object,
-    scale: float | None,
+def _fallback(
+    op_call: torch._ops.OpOverload, args: tuple, kwargs: dict, like: tuple[object, ...]
 ) -> object:
-    warn_fallback("scaled_dot_product_attention", reason)
-    mesh = next(t.device_mesh for t in (q, k, v) if isinstance(t, DTensor))
-    full = [_replicated(t, mesh) for t in (q, k, v, mask)]
-    out, lse = op_call(*full[:3], dropout_p, causal, attn_mask=full[3], scale=scale)
-    rep = [Replicate()] * mesh.ndim
-    target = _target(tuple(q.placements)) if isinstance(q, DTensor) else rep
-    return tuple(as_dtensor(t, mesh, rep, t.shape).redistribute(mesh, target) for t in (out, lse))
-
-
-def _backward_fallback(
-    op_call: torch._ops.OpOverload,
-    reason: str,
-    args: tuple,
-    kwargs: dict,
-    q: object,
-    k: object,
-    v: object,
-) -> object:
-    warn_fallback("scaled_dot_product_attention backward", reason)
-    mesh = next(t.device_mesh for t in (q, k, v) if isinstance(t, DTensor))
-    args = tuple(_replicated(a, mesh) for a in args)
-    kwargs = {key: _replicated(a, mesh) for key, a in kwargs.items()}
-    grads = op_call(*args, **kwargs)
-    rep = [Replicate()] * mesh.ndim
-    return tuple(
-        as_dtensor(g, mesh, rep, g.shape).redistribute(mesh, _target(tuple(t.placements)))
-        if isinstance(t, DTensor)
-        else g
-        for g, t in zip(grads, (q, k, v), strict=True)
+    """Run the real op on replicated inputs; the first outputs resharded like `like`."""
+    mesh = next(t.device_mesh for t in (*args, *kwargs.values()) if isinstance(t, DTensor))
+    results = op_call(
+        *(_replicated(x) for x in args), **{key: _replicated(x) for key, x in kwargs.items()}
     )
+    rep = [Replicate()] * mesh.ndim
+    wrapped = []
+    for i, r in enumerate(results):
+        if not isinstance(r, torch.Tensor):
+            wrapped.append(r)
+            continue
+        full = as_dtensor(r, mesh, rep, r.shape)
+        model = like[i] if i < len(like) else None
+        if isinstance(model, DTensor) and model.device_mesh == mesh:
+            target = [Replicate() if isinstance(p, Partial) else p for p in model.placements]
+            full = full.redistribute(mesh, target)
+        wrapped.append(full)
+    return tuple(wrapped)

@@ -52,3 +52,11 @@ def is_traced(t: Any) -> bool:
     if torch.compiler.is_compiling():
         return True
     return isinstance(t, (FakeTensor, FunctionalTensor))
+
+
+def flex_attention_hops() -> tuple[Any, Any]:
+    """torch's flex_attention forward and backward higher-order operators."""
+    ensure_supported_torch()
+    from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
+
+    return flex_attention, flex_attention_backward

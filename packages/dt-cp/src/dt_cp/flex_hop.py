@@ -1,0 +1,190 @@
+"""A DTensor rule for torch's flex_attention higher-order operator.
+
+With it, torch's own `flex_attention(q, k, v, score_mod=..., block_mask=...)` on
+sequence-sharded DTensors returns the exact sequence-sharded result (the block mask is
+built for the global sequence). torch 2.13 refuses flex backward on CPU in its Python
+front end, before any rule runs, so there it is forward-only; `dt_cp.flex_attention`
+does forward and backward anywhere. HOP statistics are in log2 units, converted here.
+
+Installed by `dt_cp.install_flex_rule()` (dt-core has no hook for HOP rules, so this is
+opt-in and `remove_flex_rule()` takes it out again).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from .algorithms import Shards, run_backward, run_forward
+from .blocks import AttentionSpec
+from .plan import as_dtensor, batch_head_offsets, make_plan
+
+LN2 = math.log(2.0)
+_installed: dict[str, Any] = {}
+
+
+def _plain(buffers: tuple) -> tuple:
+    return tuple(b.full_tensor() if isinstance(b, DTensor) else b for b in buffers)
+
+
+def _bind_mod(fn: Callable[..., Any], buffers: tuple) -> Callable[..., Any]:
+    plain = _plain(buffers)
+    return lambda *args: fn(*args, *plain)
+
+
+def _joint_vjp(joint_graph: Any, buffers: tuple) -> Callable[..., Any] | None:
+    """score_mod's vjp from torch's joint graph (autograd is off inside HOP dispatch)."""
+    if joint_graph is None:
+        return None
+    plain = _plain(buffers)
+
+    def vjp(raw: Any, b: Any, h: Any, qi: Any, kj: Any, grad: Any) -> Any:
+        return torch.broadcast_to(joint_graph(raw, b, h, qi, kj, grad, *plain)[0], raw.shape)
+
+    return vjp
+
+
+def _setup(
+    query: DTensor,
+    key: DTensor,
+    value: DTensor,
+    scale: float,
+    score_mod: Any,
+    block_mask: tuple,
+    score_buffers: tuple,
+    mask_buffers: tuple,
+    joint_graph: Any = None,
+) -> tuple:
+    plan = make_plan(query, key, value)
+    if isinstance(plan, str):
+        raise NotImplementedError(
+            f"dt-cp: flex_attention on these DTensors is not supported ({plan}); "
+            "use dt_cp.flex_attention, which falls back exactly"
+        )
+    q_len, kv_len = block_mask[0], block_mask[1]
+    if (q_len, kv_len) != (query.shape[2], key.shape[2]):
+        raise ValueError(
+            f"dt-cp: block_mask is for lengths {(q_len, kv_len)}, but the global sequence "
+            f"lengths are {(query.shape[2], key.shape[2])}; build it for the global sequence"
+        )
+    b_off, h_off = batch_head_offsets(query)
+    spec = AttentionSpec(
+        scale,
+        score_mod=_bind_mod(score_mod, score_buffers),
+        mask_mod=_bind_mod(block_mask[-1], mask_buffers),
+        score_mod_vjp=_joint_vjp(joint_graph, score_buffers),
+        batch_offset=b_off,
+        head_offset=h_off,
+    )
+    return plan, spec, plan.shards or Shards.local(query.shape[2], key.shape[2])
+
+
+def hop_forward(
+    query: DTensor,
+    key: DTensor,
+    value: DTensor,
+    score_mod: Callable[..., Any],
+    block_mask: tuple,
+    scale: float,
+    kernel_options: dict,
+    score_mod_other_buffers: tuple = (),
+    mask_mod_other_buffers: tuple = (),
+) -> tuple:
+    plan, spec, shards = _setup(
+        query,
+        key,
+        value,
+        scale,
+        score_mod,
+        block_mask,
+        score_mod_other_buffers,
+        mask_mod_other_buffers,
+    )
+    with torch.no_grad():
+        out, lse, mx = run_forward(
+            plan.algorithm, spec, shards, query.to_local(), key.to_local(), value.to_local()
+        )
+    b_, h_, n, _ = query.shape
+    stats = (b_, h_, n)
+    return (
+        as_dtensor(out, plan.mesh, plan.placements, (b_, h_, n, value.shape[-1])),
+        as_dtensor(lse / LN2, plan.mesh, plan.placements, stats),
+        as_dtensor(mx / LN2, plan.mesh, plan.placements, stats),
+    )
+
+
+def hop_backward(
+    query: DTensor,
+    key: DTensor,
+    value: DTensor,
+    out: DTensor,
+    logsumexp: DTensor,
+    grad_out: DTensor,
+    grad_logsumexp: Any,
+    fw_graph: Callable[..., Any],
+    joint_graph: Any,
+    block_mask: tuple,
+    scale: float,
+    kernel_options: dict,
+    score_mod_other_buffers: tuple,
+    mask_mod_other_buffers: tuple,
+) -> tuple:
+    if isinstance(grad_logsumexp, torch.Tensor):
+        g = grad_logsumexp.to_local() if isinstance(grad_logsumexp, DTensor) else grad_logsumexp
+        if bool((g != 0).any()):
+            raise NotImplementedError("dt-cp: gradients through flex_attention's lse")
+    plan, spec, shards = _setup(
+        query,
+        key,
+        value,
+        scale,
+        fw_graph,
+        block_mask,
+        score_mod_other_buffers,
+        mask_mod_other_buffers,
+        joint_graph,
+    )
+    pl = plan.placements
+    locals_ = [
+        t.redistribute(plan.mesh, list(pl)).to_local()
+        if tuple(t.placements) != pl
+        else t.to_local()
+        for t in (grad_out, query, key, value, out, logsumexp)
+    ]
+    dout, q, k, v, o, lse2 = locals_
+    lse = lse2.to(torch.float64 if q.dtype == torch.float64 else torch.float32) * LN2
+    with torch.no_grad():
+        dq, dk, dv = run_backward(plan.algorithm, spec, shards, dout.contiguous(), q, k, v, o, lse)
+    wrapped = tuple(
+        as_dtensor(g_.contiguous(), plan.mesh, pl, t.shape)
+        for g_, t in zip((dq, dk, dv), (query, key, value), strict=True)
+    )
+    return (*wrapped, tuple(None for _ in score_mod_other_buffers))
+
+
+def install_flex_rule() -> None:
+    """Let torch's flex_attention take sequence-sharded DTensors (see module doc)."""
+    from dt_core.compat.attention import flex_attention_hops, install_hop_subclass_impl
+
+    hop, hop_b = flex_attention_hops()
+
+    if _installed:
+        return
+    _installed["forward"] = install_hop_subclass_impl(hop, DTensor, hop_forward)
+    _installed["backward"] = install_hop_subclass_impl(hop_b, DTensor, hop_backward)
+
+
+def remove_flex_rule() -> None:
+    """Undo `install_flex_rule` (whatever was registered before comes back)."""
+    from dt_core.compat.attention import flex_attention_hops, remove_hop_subclass_impl
+
+    hop, hop_b = flex_attention_hops()
+
+    if not _installed:
+        return
+    remove_hop_subclass_impl(hop, DTensor, _installed.pop("forward"))
+    remove_hop_subclass_impl(hop_b, DTensor, _installed.pop("backward"))
