@@ -22,11 +22,10 @@ WORLD = 2
 
 def _step_times(variant: dict[str, Any], width: int, depth: int, batch: int, steps: int) -> dict:
     """On each rank: build, (compile,) warm up, time `steps` training steps."""
+    import dt_fsdp_passes
     import torch
     import torch.distributed as dist
     from dt_core.testing import cpu_mesh
-
-    import dt_fsdp_passes
     from dt_fsdp_passes.models import MLP
     from dt_fsdp_passes.passes import clear_pass_log, pass_log
 
@@ -149,7 +148,7 @@ def main() -> None:
         sweep = [measure({"settings": {"mode": "size", "bucket_cap_mb": c}}) for c in sweep_caps]
         series.append(
             {
-                "title": f"Compiled SimpleFSDP step time vs bucket cap ({depth}-layer MLP, 2 ranks)",
+                "title": f"Compiled SimpleFSDP step time vs bucket cap ({depth}-layer MLP)",
                 "x_label": "bucket_cap_mb",
                 "y_label": "step time (ms)",
                 "x": sweep_caps,
@@ -166,7 +165,8 @@ def main() -> None:
         json.dumps({"package": "dt-fsdp-passes", "rows": rows, "series": series}, indent=2)
     )
     for row in rows:
-        print(f"{row['name']}: {row['value']:.4g} vs {row['baseline_value']:.4g} ({row['ratio']:.2f}x)")
+        value, base, ratio = row["value"], row["baseline_value"], row["ratio"]
+        print(f"{row['name']}: {value:.4g} vs {base:.4g} ({ratio:.2f}x)")
 
 
 def _row(name: str, value: float, baseline: str, base: float, target: str, notes: str) -> dict:

@@ -176,3 +176,60 @@ def test_uneven_shards_on_four_ranks_one_bucket_each_way() -> None:
     forward, backward = result["bucket"][:2]
     assert (forward["all_gather_before"], forward["all_gather_after"]) == (6, 1)
     assert (backward["reduce_scatter_before"], backward["reduce_scatter_after"]) == (6, 1)
+
+
+def _mixed_precision() -> dict:
+    import dt_fsdp_passes
+    import torch
+    from dt_core.compat.fsdp import compile_caches
+    from dt_core.testing import cpu_mesh
+    from dt_fsdp_passes.models import MLP, mse, train_and_compare, twin
+    from dt_fsdp_passes.passes import clear_pass_log
+
+    torch._dynamo.reset()
+    clear_pass_log()
+    torch.manual_seed(3)
+    reference = MLP(16, 3)
+    policy = dt_fsdp_passes.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    batches = [(torch.randn(8, 16), torch.randn(8, 16)) for _ in range(2)]
+
+    def sgd(p):
+        return torch.optim.SGD(p, lr=0.1)
+
+    seen = {}
+    eager = dt_fsdp_passes.simple_fsdp(twin(reference), cpu_mesh(2), mp_policy=policy)
+    eager.layers[0].register_forward_hook(lambda m, i, o: seen.setdefault("dtype", o.dtype))
+    eager_errors = train_and_compare(twin(reference), eager, eager, batches, mse, sgd)
+    grad_dtypes = {p.dtype for p in eager.parameters()}
+    compiled_model = dt_fsdp_passes.simple_fsdp(twin(reference), cpu_mesh(2), mp_policy=policy)
+    dt_fsdp_passes.configure(mode="size", bucket_cap_mb=1.0)
+    try:
+        with compile_caches(False):
+            errors = train_and_compare(
+                twin(reference), compiled_model, torch.compile(compiled_model), batches, mse, sgd
+            )
+    finally:
+        dt_fsdp_passes.configure(reset=True)
+    state_e = dt_fsdp_passes.gathered_state(eager)
+    state_c = dt_fsdp_passes.gathered_state(compiled_model)
+    return {
+        "eager": eager_errors,
+        "compiled": errors,
+        "eager_vs_compiled": max((state_e[k] - state_c[k]).abs().max().item() for k in state_e),
+        "compute_dtype": str(seen["dtype"]),
+        "param_dtypes": sorted(str(d) for d in grad_dtypes),
+        "bucket": _records("bucket"),
+    }
+
+
+@pytest.mark.ranks(2, timeout=300)
+def test_mixed_precision_gathers_in_bf16_and_stays_close() -> None:
+    result = _mixed_precision()
+    assert result["compute_dtype"] == "torch.bfloat16"
+    assert result["param_dtypes"] == ["torch.float32"]  # stored (and optimised) in fp32
+    for name in ("eager", "compiled"):  # bf16 compute: loose against the fp32 model
+        assert result[name]["loss"] < 3e-2 and result[name]["params"] < 3e-2, result
+    assert result["eager_vs_compiled"] < 1e-2, result
+    forward, backward = result["bucket"][:2]
+    assert (forward["all_gather_before"], forward["all_gather_after"]) == (3, 1)
+    assert (backward["reduce_scatter_before"], backward["reduce_scatter_after"]) == (3, 1)
