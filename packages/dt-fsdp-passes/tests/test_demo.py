@@ -24,4 +24,4 @@ def test_demo_stage_small_is_ok_and_well_formed() -> None:
     assert set(result) == keys
     assert result["ok"] and result["max_error"] <= result["tolerance"], result
     assert result["ranks"] == 2 and result["time_s"] > 0 and result["baseline_time_s"] > 0
-    assert result["bytes_communicated"] == int(3 * 8 * 32 * 32 * 4 / 2)
+    assert result["bytes_communicated"] == int(3 * 4 * 16 * 16 * 4 / 2)

@@ -67,7 +67,7 @@ def run_stage(small: bool = True) -> dict:
 
     device = _device()
     world = dist.get_world_size()
-    width, depth, steps = (32, 8, 4) if small else (64, 24, 12)
+    width, depth, steps = (16, 4, 3) if small else (64, 24, 12)
     lr = 0.05
     torch.manual_seed(0)
     reference = MLP(width, depth)

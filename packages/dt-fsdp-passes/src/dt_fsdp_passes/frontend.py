@@ -27,11 +27,31 @@ class MixedPrecision:
     """Dtypes of the gathered parameters (compute) and of the gradient reduce-scatter.
 
     None keeps the stored parameter's dtype. The optimizer always sees gradients in the
-    stored dtype.
+    stored dtype. With `cast_forward_inputs`, floating-point tensors passed to the root
+    module's forward are cast to `param_dtype` (as FSDP2 does), so layers see one dtype.
     """
 
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
+    cast_forward_inputs: bool = True
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        cast = [_cast_floats(v, dtype) for v in value]
+        return type(value)(cast) if not hasattr(value, "_fields") else type(value)(*cast)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
+
+
+def _input_caster(dtype: torch.dtype) -> Any:
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+
+    return hook
 
 
 @dataclass(frozen=True)
@@ -162,6 +182,8 @@ def simple_fsdp(
             submodule._parameters[name] = _shard_parameter(submodule._parameters[name], mesh)
         submodule.__class__ = _sharded_subclass(type(submodule), names)
         object.__setattr__(submodule, "_dt_fsdp_spec", spec)
+    if spec.mp.param_dtype is not None and spec.mp.cast_forward_inputs:
+        module.register_forward_pre_hook(_input_caster(spec.mp.param_dtype), with_kwargs=True)
     return module
 
 
