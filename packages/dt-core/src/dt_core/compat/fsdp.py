@@ -7,6 +7,7 @@ Interface:
     compile_counters() -> dict                       (Inductor + AOTAutograd event counters)
     clear_compile_counters()
     compile_caches(enabled) -> context manager       (FX graph + AOT autograd caches on/off)
+    pin_order(graph, deps)                           (control deps Inductor keeps)
 """
 
 from __future__ import annotations
@@ -75,3 +76,17 @@ def compile_caches(enabled: bool) -> AbstractContextManager[Any]:
     stack.enter_context(inductor_config.patch(fx_graph_cache=enabled))
     stack.enter_context(functorch_config.patch(enable_autograd_cache=enabled))
     return stack
+
+
+def pin_order(graph: Any, deps: dict[Any, list[Any]]) -> None:
+    """Make each node in `deps` run after the nodes listed for it, in Inductor's scheduler too.
+
+    Inductor's scheduler reorders for peak memory and would move a prefetched all-gather
+    back next to its wait; control dependencies (the `control_deps` higher-order op, as
+    Inductor's own overlap scheduler uses) keep the order an FX pass chose.
+    """
+    ensure_supported_torch()
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    preserve_node_ordering(graph, {node: OrderedSet(after) for node, after in deps.items()})
