@@ -98,7 +98,10 @@ def _module_key(node: fx.Node) -> str | None:
         return None
     entries = list(stack.values())
     leaf = entries[-1][0] if isinstance(entries[-1], tuple) else str(entries[-1])
-    parts = [p for p in _ROOT.sub("", leaf).split(".") if p and p not in _WRAPPER_PARTS]
+    parts = _ROOT.sub("", leaf).split(".")
+    if "__self__" in parts:  # a wrapped forward: L['original'].__self__.layers.0 ...
+        parts = parts[len(parts) - parts[::-1].index("__self__") :]
+    parts = [p for p in parts if p and p not in _WRAPPER_PARTS]
     if not parts:
         return "<root>"
     key = parts[:2] if len(parts) > 1 and parts[1].isdigit() else parts[:1]

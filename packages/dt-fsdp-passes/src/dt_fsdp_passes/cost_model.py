@@ -38,6 +38,8 @@ VIEW_TARGETS = {
     aten.unsqueeze.default,
     aten.as_strided.default,
     aten.alias.default,
+    aten.split.Tensor,
+    aten.split_with_sizes.default,
     operator.getitem,
 }
 MATMUL_TARGETS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}

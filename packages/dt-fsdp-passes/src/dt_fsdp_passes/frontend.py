@@ -8,7 +8,8 @@ gradient. Under torch.compile that is functional `all_gather_into_tensor` /
 `reduce_scatter_tensor` + `wait_tensor` in the graph, which the bucketing passes then
 merge. `reshard_after_forward=True` wraps the gather in a selective checkpoint that
 forces recomputation, so backward gathers again instead of keeping full parameters alive
-(effective under torch.compile, where the partitioner obeys the policy).
+(under torch.compile, where the partitioner obeys the policy; in eager, saved-tensor
+hooks do the same: see eager_reshard.py).
 """
 
 from __future__ import annotations
@@ -27,11 +28,31 @@ class MixedPrecision:
     """Dtypes of the gathered parameters (compute) and of the gradient reduce-scatter.
 
     None keeps the stored parameter's dtype. The optimizer always sees gradients in the
-    stored dtype.
+    stored dtype. With `cast_forward_inputs`, floating-point tensors passed to the root
+    module's forward are cast to `param_dtype` (as FSDP2 does), so layers see one dtype.
     """
 
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
+    cast_forward_inputs: bool = True
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        cast = [_cast_floats(v, dtype) for v in value]
+        return type(value)(cast) if not hasattr(value, "_fields") else type(value)(*cast)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
+
+
+def _input_caster(dtype: torch.dtype) -> Any:
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+
+    return hook
 
 
 @dataclass(frozen=True)
@@ -72,6 +93,12 @@ def _recompute_context() -> Any:
 def _gathered(param: Any, spec: _GatherSpec) -> torch.Tensor:
     if not spec.reshard_after_forward or not torch.is_grad_enabled():
         return _gather(param, spec.mp)
+    if not torch.compiler.is_compiling():
+        from dt_fsdp_passes.eager_reshard import remember
+
+        full = _gather(param, spec.mp)
+        remember(full, param, spec.mp)
+        return full
     from torch.utils.checkpoint import checkpoint
 
     return checkpoint(
@@ -162,6 +189,12 @@ def simple_fsdp(
             submodule._parameters[name] = _shard_parameter(submodule._parameters[name], mesh)
         submodule.__class__ = _sharded_subclass(type(submodule), names)
         object.__setattr__(submodule, "_dt_fsdp_spec", spec)
+    if spec.reshard_after_forward:
+        from dt_fsdp_passes.eager_reshard import wrap_forward
+
+        wrap_forward(module)
+    if spec.mp.param_dtype is not None and spec.mp.cast_forward_inputs:
+        module.register_forward_pre_hook(_input_caster(spec.mp.param_dtype), with_kwargs=True)
     return module
 
 

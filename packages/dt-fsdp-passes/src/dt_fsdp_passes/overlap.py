@@ -107,13 +107,15 @@ def overlap_graph(
     fsdp_collectives: set[fx.Node],
     max_extra_bytes: float | None,
     machine: Machine | None = None,
+    pin: bool = True,
 ) -> dict[str, Any]:
     """Reorder in place around the FSDP collectives given; returns estimates and decisions."""
     machine = machine or Machine()
     nodes = list(graph.nodes)
-    fsdp = [n for n in nodes if n in fsdp_collectives and _single_wait(n)]
-    gathers = [n for n in fsdp if n.target is ALL_GATHER]
-    scatters = [n for n in fsdp if n.target is REDUCE_SCATTER]
+    fsdp_nodes = [n for n in nodes if n in fsdp_collectives and _single_wait(n)]
+    fsdp = set(fsdp_nodes)
+    gathers = [n for n in fsdp_nodes if n.target is ALL_GATHER]
+    scatters = [n for n in fsdp_nodes if n.target is REDUCE_SCATTER]
     stats: dict[str, Any] = {"overlap_applied": False}
     if not gathers and not scatters:
         return stats
@@ -146,8 +148,46 @@ def overlap_graph(
         apply_order(graph, order)
         if _issue_order(list(graph.nodes)) != issue:  # pragma: no cover - defensive
             raise RuntimeError("dt_fsdp_passes: reorder changed the collective issue order")
+        pins = _pins(order, [n for n in accepted if n in fsdp or _is_wait_of(n, fsdp)])
+        if pin:
+            from dt_core.compat.fsdp import pin_order
+
+            pin_order(graph, pins)
         stats["overlap_applied"] = True
+        stats["pinned_nodes"] = len(pins) if pin else 0
     return stats
+
+
+def _is_compute(node: fx.Node) -> bool:
+    return (
+        node.op == "call_function"
+        and node.target not in VIEW_TARGETS
+        and node.target not in COLLECTIVES
+        and node.target is not WAIT
+    )
+
+
+def _is_wait_of(node: fx.Node, collectives: set[fx.Node]) -> bool:
+    return is_call(node, WAIT) and node.args[0] in collectives
+
+
+def _pins(order: list[fx.Node], moved: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
+    """Control dependencies that keep the chosen overlap through Inductor's scheduler:
+    the first compute after a moved collective waits for its issue, and a moved wait
+    comes after the compute just before it."""
+    index = {n: i for i, n in enumerate(order)}
+    pins: dict[fx.Node, list[fx.Node]] = {}
+    for node in moved:
+        i = index[node]
+        if node.target is WAIT:
+            before = next((n for n in reversed(order[:i]) if _is_compute(n)), None)
+            if before is not None:
+                pins.setdefault(node, []).append(before)
+        else:
+            after = next((n for n in order[i + 1 :] if _is_compute(n)), None)
+            if after is not None:
+                pins.setdefault(after, []).append(node)
+    return pins
 
 
 def _single_wait(node: fx.Node) -> bool:

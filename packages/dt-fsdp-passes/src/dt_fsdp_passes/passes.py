@@ -20,7 +20,14 @@ from dt_fsdp_passes.bucketing import (
     find_fsdp_reduce_scatters,
 )
 from dt_fsdp_passes.config import current_settings
-from dt_fsdp_passes.graph_utils import ALL_GATHER, REDUCE_SCATTER, count_calls, fake_mode_of
+from dt_fsdp_passes.graph_utils import (
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    count_calls,
+    fake_mode_of,
+    nbytes,
+    val,
+)
 from dt_fsdp_passes.overlap import overlap_graph
 
 _log: list[dict[str, Any]] = []
@@ -46,6 +53,18 @@ def _graph_of(graph_or_module: Any) -> fx.Graph:
     return graph_or_module.graph if isinstance(graph_or_module, fx.GraphModule) else graph_or_module
 
 
+def _output_bytes(graph: fx.Graph) -> int:
+    """Bytes the graph returns: for a forward graph, what is saved for backward (plus outputs)."""
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    seen: set[fx.Node] = set()
+    total = 0
+    for node in output.all_input_nodes:
+        if node not in seen:
+            seen.add(node)
+            total += nbytes(val(node))
+    return total
+
+
 def bucket_pass(graph_or_module: Any) -> None:
     """Merge adjacent FSDP all-gathers / reduce-scatters into buckets (mode size|module)."""
     graph = _graph_of(graph_or_module)
@@ -63,6 +82,7 @@ def bucket_pass(graph_or_module: Any) -> None:
                 bucket_graph(graph, settings.mode, settings.bucket_cap_mb, fake_mode, _warn_once)
             )
             graph.lint()
+    record["output_bytes"] = _output_bytes(graph)
     record["all_gather_total_after"] = count_calls(graph, ALL_GATHER)
     record["reduce_scatter_total_after"] = count_calls(graph, REDUCE_SCATTER)
 

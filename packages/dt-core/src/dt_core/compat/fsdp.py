@@ -4,9 +4,10 @@ Interface:
     fake_mode_for(values) -> FakeTensorMode | None   (the fake mode of a post-grad graph)
     inductor_settings(**values) -> context manager   (patch torch._inductor.config)
     run_and_get_code(fn, *args) -> (result, [source]) (Inductor's generated code)
-    inductor_counters() -> dict                      (torch._dynamo.utils.counters["inductor"])
-    clear_inductor_counters()
+    compile_counters() -> dict                       (Inductor + AOTAutograd event counters)
+    clear_compile_counters()
     compile_caches(enabled) -> context manager       (FX graph + AOT autograd caches on/off)
+    pin_order(graph, deps)                           (control deps Inductor keeps)
 """
 
 from __future__ import annotations
@@ -42,19 +43,21 @@ def run_and_get_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple
     return _run_and_get_code(fn, *args, **kwargs)
 
 
-def inductor_counters() -> dict[str, int]:
-    """A copy of Inductor's event counters (fxgraph_cache_hit / _miss / _bypass, ...)."""
+def compile_counters() -> dict[str, int]:
+    """Copies of Inductor's and AOTAutograd's event counters, merged (fxgraph_cache_hit,
+    fxgraph_cache_miss, autograd_cache_hit, autograd_cache_miss, ...)."""
     ensure_supported_torch()
     from torch._dynamo.utils import counters
 
-    return dict(counters["inductor"])
+    return {**counters["inductor"], **counters["aot_autograd"]}
 
 
-def clear_inductor_counters() -> None:
+def clear_compile_counters() -> None:
     ensure_supported_torch()
     from torch._dynamo.utils import counters
 
     counters["inductor"].clear()
+    counters["aot_autograd"].clear()
 
 
 def compile_caches(enabled: bool) -> AbstractContextManager[Any]:
@@ -73,3 +76,17 @@ def compile_caches(enabled: bool) -> AbstractContextManager[Any]:
     stack.enter_context(inductor_config.patch(fx_graph_cache=enabled))
     stack.enter_context(functorch_config.patch(enable_autograd_cache=enabled))
     return stack
+
+
+def pin_order(graph: Any, deps: dict[Any, list[Any]]) -> None:
+    """Make each node in `deps` run after the nodes listed for it, in Inductor's scheduler too.
+
+    Inductor's scheduler reorders for peak memory and would move a prefetched all-gather
+    back next to its wait; control dependencies (the `control_deps` higher-order op, as
+    Inductor's own overlap scheduler uses) keep the order an FX pass chose.
+    """
+    ensure_supported_torch()
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    preserve_node_ordering(graph, {node: OrderedSet(after) for node, after in deps.items()})

@@ -1,0 +1,94 @@
+"""reshard_after_forward in eager mode: saved gathered weights are re-gathered in backward.
+
+Under torch.compile the partitioner obeys the gather's recompute policy. In eager, the
+ops that consume a gathered weight (linear, matmul) save it for backward, keeping the full
+parameter alive. Here the root module's forward runs under `saved_tensors_hooks`: a saved
+tensor that is a gathered parameter is packed as a reference to its shard and gathered
+again when backward unpacks it, so only shards stay alive between forward and backward.
+Backward runs the same nodes in the same order on every rank, so the re-gathers match.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+# storage address of a gathered tensor -> (weakref to it, shard parameter, mp policy)
+_live: dict[int, tuple[weakref.ref, Any, Any]] = {}
+
+
+class _Regather:
+    """What a saved gathered weight (or a view of it) is packed into: enough to gather it
+    again and take the same view."""
+
+    __slots__ = ("mp", "offset", "param", "size", "stride")
+
+    def __init__(self, param: Any, mp: Any, tensor: torch.Tensor) -> None:
+        self.param = param
+        self.mp = mp
+        self.size = tuple(tensor.size())
+        self.stride = tuple(tensor.stride())
+        self.offset = tensor.storage_offset()
+
+
+def _address(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def remember(gathered: torch.Tensor, param: Any, mp: Any) -> None:
+    """Mark `gathered` as the full copy of `param` (eager forward only)."""
+    key = _address(gathered)
+    if key == 0:  # empty tensors share no storage: nothing to save anyway
+        return
+
+    def forget(ref: weakref.ref, key: int = key) -> None:
+        if key in _live and _live[key][0] is ref:
+            del _live[key]
+
+    _live[key] = (weakref.ref(gathered, forget), param, mp)
+
+
+def _pack(tensor: torch.Tensor) -> Any:
+    if type(tensor) is not torch.Tensor or tensor.layout != torch.strided:
+        return tensor
+    if tensor.requires_grad and tensor.grad_fn is None:  # a leaf (a parameter, an input)
+        return tensor
+    entry = _live.get(_address(tensor))
+    gathered = entry[0]() if entry is not None else None
+    if gathered is not None and gathered.dtype == tensor.dtype:
+        return _Regather(entry[1], entry[2], tensor)
+    return tensor
+
+
+def _unpack(packed: Any) -> torch.Tensor:
+    if isinstance(packed, _Regather):
+        from torch.distributed.tensor import Replicate
+
+        with torch.no_grad():
+            param = packed.param.detach()
+            full = param.redistribute(
+                placements=[Replicate()] * param.device_mesh.ndim,
+                forward_dtype=packed.mp.param_dtype,
+            )
+            local = full.to_local()
+            return local.as_strided(packed.size, packed.stride, packed.offset)
+    return packed
+
+
+def wrap_forward(module: nn.Module) -> None:
+    """Run `module.forward` under the packing hooks when not compiling."""
+    original: Callable[..., Any] = module.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+            return original(*args, **kwargs)
+        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
+            return original(*args, **kwargs)
+
+    module.forward = forward  # type: ignore[method-assign]

@@ -1,0 +1,27 @@
+"""The demo stage runs on 2 ranks and agrees with the unsharded step."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.ranks(2, timeout=300)
+def test_demo_stage_small_is_ok_and_well_formed() -> None:
+    from dt_fsdp_passes.demo import run_stage
+
+    result = run_stage(small=True)
+    keys = {
+        "feature",
+        "ranks",
+        "max_error",
+        "tolerance",
+        "ok",
+        "time_s",
+        "baseline_time_s",
+        "bytes_communicated",
+        "details",
+    }
+    assert set(result) == keys
+    assert result["ok"] and result["max_error"] <= result["tolerance"], result
+    assert result["ranks"] == 2 and result["time_s"] > 0 and result["baseline_time_s"] > 0
+    assert result["bytes_communicated"] == int(3 * 4 * 16 * 16 * 4 / 2)
