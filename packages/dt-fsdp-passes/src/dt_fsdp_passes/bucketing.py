@@ -1,11 +1,12 @@
 """Bucket SimpleFSDP's per-parameter all-gathers and reduce-scatters in a post-grad graph.
 
-FSDP all-gather: its input derives from exactly one graph input (the parameter shard,
-maybe cast or padded) and no collective. FSDP reduce-scatter: its waited result flows
-only to graph outputs through single-input ops (the gradient's way out). Only collectives
-adjacent in that sequence, on the same group, with the same dtype (and reduce op) share a
-bucket, and the grouping depends only on the sequence and the shapes, which are the same
-on every rank, so every rank issues the same collectives in the same order.
+FSDP all-gather: its input derives from one graph input (the parameter shard, maybe
+cast or padded; or only constants, for an empty shard) and no collective. FSDP
+reduce-scatter: its waited result flows only to graph outputs through single-input ops
+(the gradient's way out). Only collectives adjacent in that sequence, on the same group,
+with the same dtype (and reduce op) share a bucket, and the grouping depends only on
+the sequence and the shapes, which are the same on every rank, so every rank issues the
+same collectives in the same order.
 
 All-gather bucket: cat(flat shards) -> one all_gather -> view [world, total] -> per
 parameter [world, n_i] slice -> reshape to [world * s_i, ...], exactly what each
@@ -109,10 +110,14 @@ def _module_key(node: fx.Node) -> str | None:
 
 
 def _from_one_input(node: fx.Node) -> bool:
-    """Derives from exactly one graph input, through no collective."""
+    """Derives from at most one graph input, through no collective.
+
+    "At most": a rank whose shard is empty may build its (padding-only) input from
+    constants, and every rank must classify the same collectives as FSDP ones.
+    """
     found = ancestors(node)
     placeholders = [n for n in found if n.op == "placeholder"]
-    if len(placeholders) != 1:
+    if len(placeholders) > 1:
         return False
     return not any(n.op == "call_function" and n.target in COLLECTIVES + (WAIT,) for n in found)
 
