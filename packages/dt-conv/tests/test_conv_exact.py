@@ -185,7 +185,7 @@ def test_unsupported_layouts_fall_back_exactly_and_warn_once() -> None:
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     mesh = cpu_mesh(2)
-    fallback._warned.clear()
+    fallback.reset_warnings()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):  # channel sharding: fallback, twice, warned once

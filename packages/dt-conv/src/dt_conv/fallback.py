@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import warnings
-
+from dt_core.dtensors import forget_warnings, warn_once
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate
-
-_warned: set[str] = set()
 
 
 def warn_fallback(op: str, reason: str) -> None:
     """Warn once per (op, reason): falling back is correct but gathers the whole input."""
-    key = f"{op}: {reason}"
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(
-            f"dt-conv: {op} falls back to a replicated input ({reason}); "
-            "the result is exact but every rank computes the whole convolution",
-            stacklevel=4,
-        )
+    warn_once(
+        f"dt-conv: {op}: {reason}",
+        f"dt-conv: {op} falls back to a replicated input ({reason}); "
+        "the result is exact but every rank computes the whole op",
+        stacklevel=4,
+    )
+
+
+def reset_warnings() -> None:
+    """Warn again about reasons already warned about (tests, long-running sessions)."""
+    forget_warnings("dt-conv:")
 
 
 def replicated(t: DTensor) -> DTensor:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from dt_core.dtensors import as_dtensor
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate
+from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from .fallback import replicated, target_placements
 
@@ -29,28 +30,6 @@ def replicated_local(t: object) -> torch.Tensor | None:
     if isinstance(t, DTensor):
         return replicated(t).to_local()
     return t  # type: ignore[return-value]
-
-
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
-
-
-def as_dtensor(
-    local: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement], shape: Sequence[int]
-) -> DTensor:
-    """Wrap a local shard whose global shape we already know (no shape all-gather)."""
-    return DTensor.from_local(
-        local,
-        mesh,
-        list(placements),
-        run_check=False,
-        shape=torch.Size(shape),
-        stride=contiguous_strides(shape),
-    )
 
 
 def like_param(full: torch.Tensor, mesh: DeviceMesh, param: object) -> torch.Tensor:

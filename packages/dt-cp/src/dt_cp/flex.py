@@ -15,11 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from dt_core.dtensors import as_dtensor
 from torch.distributed.tensor import DTensor, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec, autograd_vjp
-from .plan import as_dtensor, batch_head_offsets, make_plan, warn_fallback
+from .plan import batch_head_offsets, make_plan, warn_fallback
 
 LN2 = math.log(2.0)
 

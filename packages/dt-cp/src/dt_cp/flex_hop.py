@@ -17,11 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from dt_core.dtensors import as_dtensor
 from torch.distributed.tensor import DTensor
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec
-from .plan import as_dtensor, batch_head_offsets, make_plan
+from .plan import batch_head_offsets, make_plan
 
 LN2 = math.log(2.0)
 _installed: dict[str, Any] = {}

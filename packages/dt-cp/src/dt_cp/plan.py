@@ -7,11 +7,11 @@ sharding batch / heads evenly. Anything else falls back (exactly) with a warning
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from dt_core.dtensors import forget_warnings, warn_once
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
@@ -20,24 +20,21 @@ from .config import current
 from .layout import SequenceLayout
 
 SEQ_DIM = 2
-_warned: set[str] = set()
 
 
 def warn_fallback(what: str, reason: str) -> None:
     """Warn once per (what, reason): the fallback is exact but not context parallel."""
-    key = f"{what}: {reason}"
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(
-            f"dt-cp: {what} falls back to replicated q/k/v ({reason}); the result is exact "
-            "but every rank computes the whole attention",
-            stacklevel=4,
-        )
+    warn_once(
+        f"dt-cp: {what}: {reason}",
+        f"dt-cp: {what} falls back to replicated q/k/v ({reason}); the result is exact "
+        "but every rank computes the whole attention",
+        stacklevel=4,
+    )
 
 
 def reset_warnings() -> None:
     """Warn again about reasons already warned about (tests, long-running sessions)."""
-    _warned.clear()
+    forget_warnings("dt-cp:")
 
 
 @dataclass(frozen=True)
@@ -122,35 +119,11 @@ DEFAULT_ALGORITHM = "ring"
 
 
 def warn_fallback_once_compile() -> None:
-    key = "ring under torch.compile"
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(
-            "dt-cp: the ring algorithm runs eagerly only (point-to-point sends do not trace); "
-            "under torch.compile the exact all-gather algorithm is used instead",
-            stacklevel=4,
-        )
-
-
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(strides))
-
-
-def as_dtensor(
-    local: torch.Tensor, mesh: DeviceMesh, placements: Sequence[Placement], shape: Sequence[int]
-) -> DTensor:
-    """Wrap a local shard whose global shape we know (no shape all-gather)."""
-    return DTensor.from_local(
-        local,
-        mesh,
-        list(placements),
-        run_check=False,
-        shape=torch.Size(shape),
-        stride=contiguous_strides(shape),
+    warn_once(
+        "dt-cp: ring under torch.compile",
+        "dt-cp: the ring algorithm runs eagerly only (point-to-point sends do not trace); "
+        "under torch.compile the exact all-gather algorithm is used instead",
+        stacklevel=4,
     )
 
 

@@ -16,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from dt_core.dtensors import as_dtensor
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec
-from .plan import CpPlan, as_dtensor, full_mask, make_plan, to_placements, warn_fallback
+from .plan import CpPlan, full_mask, make_plan, to_placements, warn_fallback
 
 
 @dataclass(frozen=True)
