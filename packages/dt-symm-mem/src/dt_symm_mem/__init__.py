@@ -8,19 +8,35 @@ functions that delegate to torch's own symmetric memory for CUDA tensors.
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from dt_core.compat.symm_mem import ensure_symm_mem_ops_defined
 
-from dt_symm_mem.api import (
-    fused_all_gather_matmul,
-    fused_all_gather_scaled_matmul,
-    fused_matmul_reduce_scatter,
-    fused_scaled_matmul_reduce_scatter,
-    low_contention_all_gather,
-    low_contention_reduce_scatter,
-)
-from dt_symm_mem.workspace import ShmSymmMemory, SymmMemTimeoutError, get_workspace
-
 ensure_symm_mem_ops_defined()  # `import dt_symm_mem` makes torch.ops.symm_mem.* exist
+
+# The public names load on first use: dt-core imports `dt_symm_mem.plugin` (and so this
+# package) during `import torch`, and `api` pulls in torch.compiler machinery (~1.4 s).
+_LAZY = {
+    "fused_all_gather_matmul": "api",
+    "fused_all_gather_scaled_matmul": "api",
+    "fused_matmul_reduce_scatter": "api",
+    "fused_scaled_matmul_reduce_scatter": "api",
+    "low_contention_all_gather": "api",
+    "low_contention_reduce_scatter": "api",
+    "ShmSymmMemory": "workspace",
+    "SymmMemTimeoutError": "workspace",
+    "get_workspace": "workspace",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"dt_symm_mem.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dt_symm_mem' has no attribute {name!r}")
+
 
 __all__ = [
     "ShmSymmMemory",
