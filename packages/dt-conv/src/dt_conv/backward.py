@@ -12,19 +12,12 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from .channels import out_channel_mesh_dim, output_placements
 from .fallback import replicated, target_placements, warn_fallback
-from .halo import gather_window, scatter_add_window
-from .plan import ConvPlan, make_plan
+from .halo import scatter_add_window
+from .plan import make_plan
+from .spatial import gather_windows, window_shape
 from .wrap import as_dtensor, bind, like_param, replicated_local, summed
 
 aten = torch.ops.aten
-
-
-def _window_shape(plan: ConvPlan, local: torch.Tensor) -> list[int]:
-    shape = list(local.shape)
-    for s in plan.splits:
-        lo, hi = s.needed(plan.mesh.get_local_rank(s.mesh_dim))
-        shape[s.dim] = hi - lo
-    return shape
 
 
 def convolution_backward_handler(
@@ -77,11 +70,9 @@ def convolution_backward_handler(
         w = replicated_local(weight) if m is None else weight.to_local()
         xl = x.to_local()
         if mask[1]:
-            window = xl
-            for split in plan.splits:
-                window = gather_window(window, split, mesh)
+            window = gather_windows(plan.spatial, xl)
         else:  # grad_input reads only the input's shape
-            window = xl.new_zeros(_window_shape(plan, xl))
+            window = xl.new_zeros(window_shape(plan.spatial, xl.shape))
         if window.numel() == 0 or g.numel() == 0:
             gi = window.new_zeros(window.shape) if mask[0] else None
             gw = w.new_zeros(w.shape) if mask[1] else None

@@ -10,8 +10,9 @@ from torch.distributed.tensor import DTensor, Replicate
 from .channels import local_bias, out_channel_mesh_dim, output_placements
 from .fallback import replicated, target_placements, warn_fallback
 from .geometry import Affine
-from .halo import PendingWindow, gather_window
+from .halo import PendingWindow
 from .plan import ConvPlan, make_plan
+from .spatial import gather_windows
 from .wrap import as_dtensor, bind, replicated_local
 
 aten = torch.ops.aten
@@ -57,9 +58,7 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
         if overlapped is not None:
             placements = output_placements(plan.placements, m)
             return as_dtensor(overlapped, plan.mesh, placements, plan.out_shape)
-        window = x.to_local()
-        for split in plan.splits:
-            window = gather_window(window, split, plan.mesh)
+        window = gather_windows(plan.spatial, x.to_local())
         shape = local_out_shape(plan, window)
         shape[1] = w.shape[0]
         if window.numel() == 0 or 0 in shape:

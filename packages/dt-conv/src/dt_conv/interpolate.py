@@ -75,20 +75,29 @@ def dim_table(
     )
 
 
+def _rows_of(
+    table: DimTable, rows: tuple[int, int], start: int, like: torch.Tensor, dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(i0, i1) relative to a window starting at input row `start`, and (w0, w1) shaped
+    to broadcast along `dim` of `like`, for output rows `rows`."""
+    lo, hi = rows
+    idx0 = torch.tensor(table.i0[lo:hi], device=like.device) - start
+    idx1 = torch.tensor(table.i1[lo:hi], device=like.device) - start
+    shape = [1] * like.ndim
+    shape[dim] = hi - lo
+    w0 = torch.tensor(table.w0[lo:hi], dtype=like.dtype, device=like.device).reshape(shape)
+    w1 = torch.tensor(table.w1[lo:hi], dtype=like.dtype, device=like.device).reshape(shape)
+    return idx0, idx1, w0, w1
+
+
 def _apply(
     window: torch.Tensor, dim: int, table: DimTable, rows: tuple[int, int], start: int
 ) -> torch.Tensor:
     """Output rows `rows` along `dim` from a window whose first row is input row `start`."""
-    lo, hi = rows
-    idx0 = torch.tensor(table.i0[lo:hi], device=window.device) - start
+    idx0, idx1, w0, w1 = _rows_of(table, rows, start, window, dim)
     picked = window.index_select(dim, idx0)
     if not table.linear:
         return picked
-    shape = [1] * window.ndim
-    shape[dim] = hi - lo
-    w0 = torch.tensor(table.w0[lo:hi], dtype=window.dtype, device=window.device).reshape(shape)
-    w1 = torch.tensor(table.w1[lo:hi], dtype=window.dtype, device=window.device).reshape(shape)
-    idx1 = torch.tensor(table.i1[lo:hi], device=window.device) - start
     return picked * w0 + window.index_select(dim, idx1) * w1
 
 
@@ -160,18 +169,12 @@ def _adjoint(
     grad: torch.Tensor, dim: int, table: DimTable, rows: tuple[int, int], start: int, size: int
 ) -> torch.Tensor:
     """Transpose of `_apply`: scatter-add each output row's gradient to its sources."""
-    lo, hi = rows
     shape = list(grad.shape)
     shape[dim] = size
     out = grad.new_zeros(shape)
-    idx0 = torch.tensor(table.i0[lo:hi], device=grad.device) - start
+    idx0, idx1, w0, w1 = _rows_of(table, rows, start, grad, dim)
     if not table.linear:
         return out.index_add_(dim, idx0, grad)
-    wshape = [1] * grad.ndim
-    wshape[dim] = hi - lo
-    w0 = torch.tensor(table.w0[lo:hi], dtype=grad.dtype, device=grad.device).reshape(wshape)
-    w1 = torch.tensor(table.w1[lo:hi], dtype=grad.dtype, device=grad.device).reshape(wshape)
-    idx1 = torch.tensor(table.i1[lo:hi], device=grad.device) - start
     out.index_add_(dim, idx0, grad * w0)
     return out.index_add_(dim, idx1, grad * w1)
 

@@ -9,14 +9,13 @@ positions (it is a product over dims), so edge windows divide exactly as unshard
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from . import spatial
 from .geometry import conv_split, expand
-from .halo import gather_window
 from .plan import SpatialPlan, Splitter, plan_spatial
 from .wrap import as_dtensor, bind
 
@@ -70,74 +69,81 @@ def _local_padding(plan: SpatialPlan, padding: list[int], n: int, ndim: int) -> 
 # ---- max pooling -------------------------------------------------------------------
 
 
-def _max_op(x: DTensor, n: int, args: list) -> spatial.WindowOp | str:
+def _max_op(
+    x: DTensor, n: int, args: list
+) -> tuple[spatial.WindowOp, Callable[[torch.Tensor], tuple]] | str:
+    """The planned op, and the local pool returning (values, window-local indices)."""
     kernel, stride, padding = _args(n, args[1], args[2], args[3])
     dilation, ceil = expand(args[4], n), bool(args[5])
     plan = _plan(x, n, kernel, stride, padding, dilation, ceil)
     if isinstance(plan, str):
         return plan
     pool = aten.max_pool2d_with_indices if n == 2 else aten.max_pool3d_with_indices
-    pad = _local_padding(plan, padding, n, x.ndim)
-
     back = (
         aten.max_pool2d_with_indices_backward if n == 2 else aten.max_pool3d_with_indices_backward
     )
+    pad = _local_padding(plan, padding, n, x.ndim)
+
+    def pool_both(window: torch.Tensor) -> tuple:
+        return pool(window, kernel, stride, pad, dilation, ceil)
 
     def local(window: torch.Tensor) -> torch.Tensor:
-        return pool(window, kernel, stride, pad, dilation, ceil)[0]
+        return pool_both(window)[0]
 
     def vjp(window: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        indices = pool(window, kernel, stride, pad, dilation, ceil)[1]
+        indices = pool_both(window)[1]
         return back(grad, window, kernel, stride, pad, dilation, ceil, indices)
 
-    return spatial.WindowOp(plan, local, vjp, fill_value=-math.inf, grad_reads_input=True)
+    op = spatial.WindowOp(plan, local, vjp, fill_value=-math.inf, grad_reads_input=True)
+    return op, pool_both
 
 
 def max_pool_with_indices(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    """Values and global flat indices, both laid out like the input."""
+    """Values and global flat indices, both laid out like the input (one halo exchange)."""
     values = bind(op_call, args, kwargs)
     x, n = values[0], 2 if "2d" in op_call.__name__ else 3
-    op = _max_op(x, n, values)
-    if isinstance(op, str):
-        return spatial.fallback(op_call.__name__, op, op_call, values, x)
-    out = spatial.forward(op, x)
-    return out, _global_indices(op, x, out, values, n)
+    planned = _max_op(x, n, values)
+    if isinstance(planned, str):
+        return spatial.fallback(op_call.__name__, planned, op_call, values, x)
+    op, pool_both = planned
+    plan = op.plan
+    with torch.no_grad():
+        local = x.to_local()
+        window = spatial.gather_windows(plan, local, op.fill_value)
+        shape = spatial.local_shape(plan, plan.out_shape, local.shape)
+        if window.numel() == 0 or 0 in shape:
+            out = window.new_zeros(shape)
+            idx = torch.zeros(shape, dtype=torch.int64, device=window.device)
+        else:
+            out, idx = pool_both(window)
+            idx = _global_indices(plan, idx, window.shape, x.shape, n)
+    return (
+        as_dtensor(out, plan.mesh, plan.placements, plan.out_shape),
+        as_dtensor(idx, plan.mesh, plan.placements, plan.out_shape),
+    )
 
 
 def _global_indices(
-    op: spatial.WindowOp, x: DTensor, out: DTensor, values: list, n: int
-) -> DTensor:
-    """Recompute the argmax on the window and map window coordinates to global ones."""
-    plan = op.plan
-    kernel, stride, padding = _args(n, values[1], values[2], values[3])
-    dilation, ceil = expand(values[4], n), bool(values[5])
-    pool = aten.max_pool2d_with_indices if n == 2 else aten.max_pool3d_with_indices
-    pad = _local_padding(plan, padding, n, x.ndim)
-    with torch.no_grad():
-        local = x.to_local()
-        window = local
-        for split in plan.splits:
-            window = gather_window(window, split, plan.mesh, -math.inf)
-        first = x.ndim - n
-        if window.numel() == 0 or out.to_local().numel() == 0:
-            idx = torch.zeros(out.to_local().shape, dtype=torch.int64, device=local.device)
-        else:
-            idx = pool(window, kernel, stride, pad, dilation, ceil)[1]
-            win_sizes = window.shape[first:]
-            offsets = [0] * n
-            for s in plan.splits:
-                offsets[s.dim - first] = s.needed(plan.local_rank(s))[0]
-            flat = torch.zeros_like(idx)
-            rest = idx
-            coords = []
-            for size in reversed(win_sizes):
-                coords.append(rest % size)
-                rest = rest // size
-            coords.reverse()
-            for i in range(n):
-                flat = flat * x.shape[first + i] + coords[i] + offsets[i]
-            idx = flat
-    return as_dtensor(idx, plan.mesh, plan.placements, out.shape)
+    plan: SpatialPlan,
+    idx: torch.Tensor,
+    window_shape: Sequence[int],
+    global_shape: Sequence[int],
+    n: int,
+) -> torch.Tensor:
+    """Flat indices into the window's spatial block -> flat indices into the global one."""
+    first = len(global_shape) - n
+    offsets = [0] * n
+    for s in plan.splits:
+        offsets[s.dim - first] = s.needed(plan.local_rank(s))[0]
+    coords = []
+    for size in reversed(window_shape[first:]):
+        coords.append(idx % size)
+        idx = idx // size
+    coords.reverse()
+    flat = torch.zeros_like(idx)
+    for i in range(n):
+        flat = flat * global_shape[first + i] + coords[i] + offsets[i]
+    return flat
 
 
 def max_pool_with_indices_backward(
@@ -146,10 +152,10 @@ def max_pool_with_indices_backward(
     values = bind(op_call, args, kwargs)
     grad_out, x = values[0], values[1]
     n = 2 if "2d" in op_call.__name__ else 3
-    op = _max_op(x, n, [x, *values[2:7]])
-    if isinstance(op, str):
-        return spatial.fallback(op_call.__name__, op, op_call, values, x)
-    return spatial.backward(op, grad_out, x, x.shape)
+    planned = _max_op(x, n, [x, *values[2:7]])
+    if isinstance(planned, str):
+        return spatial.fallback(op_call.__name__, planned, op_call, values, x)
+    return spatial.backward(planned[0], grad_out, x, x.shape)
 
 
 # ---- average pooling -----------------------------------------------------------------

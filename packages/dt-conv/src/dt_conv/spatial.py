@@ -36,7 +36,7 @@ class WindowOp:
     grad_reads_input: bool = False  # max pooling: its gradient depends on the values
 
 
-def _local_shape(plan: SpatialPlan, shape: Sequence[int], local: Sequence[int]) -> list[int]:
+def local_shape(plan: SpatialPlan, shape: Sequence[int], local: Sequence[int]) -> list[int]:
     """This rank's block of a tensor with global `shape` laid out like the input."""
     out = list(shape)
     for mesh_dim in plan.free_mesh_dims:
@@ -48,7 +48,8 @@ def _local_shape(plan: SpatialPlan, shape: Sequence[int], local: Sequence[int]) 
     return out
 
 
-def _window_shape(plan: SpatialPlan, local: Sequence[int]) -> list[int]:
+def window_shape(plan: SpatialPlan, local: Sequence[int]) -> list[int]:
+    """The shape of this rank's window, given its local input block's shape."""
     shape = list(local)
     for s in plan.splits:
         lo, hi = s.needed(plan.local_rank(s))
@@ -56,9 +57,10 @@ def _window_shape(plan: SpatialPlan, local: Sequence[int]) -> list[int]:
     return shape
 
 
-def _window(op: WindowOp, local: torch.Tensor) -> torch.Tensor:
-    for split in op.plan.splits:
-        local = gather_window(local, split, op.plan.mesh, op.fill_value)
+def gather_windows(plan: SpatialPlan, local: torch.Tensor, fill_value: float = 0.0) -> torch.Tensor:
+    """This rank's window: the halo exchange along every split dim, one after another."""
+    for split in plan.splits:
+        local = gather_window(local, split, plan.mesh, fill_value)
     return local
 
 
@@ -67,8 +69,8 @@ def forward(op: WindowOp, x: DTensor) -> DTensor:
     plan = op.plan
     with torch.no_grad():
         local = x.to_local()
-        window = _window(op, local)
-        shape = _local_shape(plan, plan.out_shape, local.shape)
+        window = gather_windows(plan, local, op.fill_value)
+        shape = local_shape(plan, plan.out_shape, local.shape)
         if window.numel() == 0 or 0 in shape:
             out = window.new_zeros(shape)
         else:
@@ -88,9 +90,9 @@ def backward(
     local_in = _local_shape_in(plan, in_shape, g)
     with torch.no_grad():
         if op.grad_reads_input and x is not None:
-            window = _window(op, x.to_local())
+            window = gather_windows(plan, x.to_local(), op.fill_value)
         else:  # linear ops: the window's values do not matter
-            window = g.new_zeros(_window_shape(plan, local_in))
+            window = g.new_zeros(window_shape(plan, local_in))
     with torch.no_grad():
         if window.numel() == 0 or g.numel() == 0:
             grad_window = window.new_zeros(window.shape)

@@ -17,8 +17,9 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate
 
 from .geometry import DimSplit, Transposed, expand
-from .halo import gather_window, scatter_add_window
+from .halo import scatter_add_window
 from .plan import SpatialPlan, Splitter, plan_spatial
+from .spatial import gather_windows, window_shape
 from .wrap import as_dtensor, like_param, replicated_local, summed
 
 aten = torch.ops.aten
@@ -159,12 +160,6 @@ def _local_out_shape(
     return shape
 
 
-def _window(plan: TransposedPlan, local: torch.Tensor) -> torch.Tensor:
-    for split in plan.spatial.splits:
-        local = gather_window(local, split, plan.spatial.mesh)
-    return local
-
-
 def _owned_shape(plan: TransposedPlan, window: torch.Tensor) -> list[int]:
     shape = [window.shape[0], plan.spatial.out_shape[1], *plan.spatial.out_shape[2:]]
     for split in plan.spatial.splits:
@@ -176,7 +171,7 @@ def forward(plan: TransposedPlan, x: DTensor, weight: object, bias: object, grou
     sp = plan.spatial
     w, b = replicated_local(weight), replicated_local(bias)
     with torch.no_grad():
-        window = _window(plan, x.to_local())
+        window = gather_windows(sp, x.to_local())
         shape = _owned_shape(plan, window)
         if window.numel() == 0 or 0 in shape:
             out = window.new_zeros(shape)
@@ -203,13 +198,9 @@ def backward(
     with torch.no_grad():
         xl = x.to_local()
         if mask[1]:
-            window = _window(plan, xl)
-        else:
-            shape = list(xl.shape)
-            for s in sp.splits:
-                lo, hi = s.needed(sp.local_rank(s))
-                shape[s.dim] = hi - lo
-            window = xl.new_zeros(shape)
+            window = gather_windows(sp, xl)
+        else:  # grad_input reads only the input's shape
+            window = xl.new_zeros(window_shape(sp, xl.shape))
         gi = gw = None
         if window.numel() and g.numel() and (mask[0] or mask[1]):
             full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
