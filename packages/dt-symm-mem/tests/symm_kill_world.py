@@ -44,6 +44,9 @@ def rank_main(rank: int, mode: str, outdir: str) -> None:
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     if mode == "normal":
+        # both ranks done before teardown: gloo can abort at exit when one rank tears its
+        # pairs down while the other still uses them ("terminate called ...", seen once)
+        dist.barrier()
         dist.destroy_process_group()
     else:
         os._exit(0)  # gloo's teardown would wait for the dead peer
