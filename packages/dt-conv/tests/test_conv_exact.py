@@ -52,6 +52,8 @@ def check(
     wd = distribute_tensor(w, mesh, w_placements or rep).requires_grad_(needs[1])
     bd = distribute_tensor(b, mesh, b_placements or rep).requires_grad_(needs[2]) if bias else None
     y = conv(xd, wd, bd, **kw)
+    if any(p.is_partial() for p in y.placements):  # a sum over ranks: reduce it, as users do
+        y = y.redistribute(mesh, [Replicate() if p.is_partial() else p for p in y.placements])
     gd = distribute_tensor(g, mesh, list(y.placements))
     if wants_grad:
         (y * gd).sum().backward()
@@ -188,8 +190,9 @@ def test_unsupported_layouts_fall_back_exactly_and_warn_once() -> None:
     fallback.reset_warnings()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(2):  # channel sharding: fallback, twice, warned once
-            assert check(mesh, [Shard(1)], (2, 4, 7, 6), (3, 4, 3, 3), True, padding=1) is None
+        for _ in range(2):  # groups cut by the channel shards: fallback, twice, warned once
+            case = ((2, 6, 7, 6), (3, 2, 3, 3), True)
+            assert check(mesh, [Shard(1)], *case, padding=1, groups=3) is None
     texts = [str(w.message) for w in caught if "dt-conv" in str(w.message)]
     assert sum("channel dim" in t for t in texts) == 2  # forward once, backward once
     assert all("exact" in t for t in texts)
@@ -391,3 +394,62 @@ def test_same_convs_take_the_overlapped_path_and_stay_exact() -> None:
     finally:
         forward._same_conv_overlapped = original
     assert sum(taken) >= 4, taken  # thick enough shards overlap; thin ones use the window
+
+
+@pytest.mark.ranks(4)
+def test_input_channel_sharding_gives_partial_outputs() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    cases = []
+    for cin, bias, w_pl in itertools.product((4, 5, 3), (True, False), ("rep", "shard")):
+        kw = {"padding": 1, "w_placements": [Shard(1)] if w_pl == "shard" else None}
+        cases.append(([Shard(1)], (2, cin, 7, 6), (3, cin, 3, 3), bias, kw))
+    cases.append(([Shard(1)], (2, 3, 9), (2, 3, 4), True, {"stride": 2, "padding": 2}))
+    cases.append(([Shard(1)], (1, 4, 4, 5, 3), (2, 4, 3, 3, 1), True, {"padding": 1}))
+    run_cases(cpu_mesh(4), cases)  # 3 channels on 4 ranks: one rank holds none
+
+    mesh = cpu_mesh((2, 2))
+    cases = []
+    for x_pl, w_pl in (
+        ([Shard(1), Shard(2)], [Shard(1), Replicate()]),
+        ([Shard(3), Shard(1)], [Replicate(), Shard(1)]),
+        ([Shard(0), Shard(1)], [Replicate(), Replicate()]),
+    ):
+        for needs in ((True, True, True), (False, True, False), (True, False, True)):
+            kw = {"padding": 1, "w_placements": w_pl, "needs": needs}
+            cases.append((x_pl, (2, 5, 7, 6), (3, 5, 3, 3), True, kw))
+    run_cases(mesh, cases)
+    gen = torch.Generator().manual_seed(0)
+    x = distribute_tensor(torch.randn(1, 4, 6, 6, generator=gen), mesh, [Shard(2), Shard(1)])
+    w = distribute_tensor(torch.randn(2, 4, 3, 3, generator=gen), mesh, [Replicate(), Shard(1)])
+    assert F.conv2d(x, w, padding=1).placements == (Shard(2), Partial())
+
+
+@pytest.mark.ranks(4)
+def test_grouped_and_depthwise_convs_stay_channel_sharded() -> None:
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    cases = []
+    for (cin, cout, groups), w_pl, bias in itertools.product(
+        ((4, 4, 4), (8, 8, 8), (4, 8, 4), (8, 12, 4), (8, 4, 4)), ("rep", "shard"), (True, False)
+    ):
+        w_pl_list = [Shard(0)] if w_pl == "shard" else None
+        kw = {"padding": 1, "groups": groups, "w_placements": w_pl_list, "b_placements": w_pl_list}
+        cases.append(([Shard(1)], (2, cin, 7, 6), (cout, cin // groups, 3, 3), bias, kw))
+    cases.append(([Shard(1)], (1, 4, 9), (8, 1, 4), True, {"groups": 4, "stride": 2}))
+    run_cases(cpu_mesh(4), cases)
+
+    mesh = cpu_mesh((2, 2))
+    cases = []
+    for x_pl, w_pl in (
+        ([Shard(2), Shard(1)], [Replicate(), Shard(0)]),
+        ([Shard(1), Shard(3)], [Replicate(), Replicate()]),
+    ):
+        for needs in ((True, True, True), (False, True, True), (True, False, False)):
+            kw = {"padding": 1, "groups": 6, "w_placements": w_pl, "needs": needs}
+            cases.append((x_pl, (2, 6, 7, 6), (12, 1, 3, 3), True, kw))
+    run_cases(mesh, cases)
+    gen = torch.Generator().manual_seed(0)
+    x = distribute_tensor(torch.randn(1, 4, 6, 6, generator=gen), mesh, [Shard(2), Shard(1)])
+    w = distribute_tensor(torch.randn(4, 1, 3, 3, generator=gen), mesh, [Replicate(), Shard(0)])
+    assert F.conv2d(x, w, padding=1, groups=4).placements == (Shard(2), Shard(1))

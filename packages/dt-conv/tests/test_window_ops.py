@@ -66,7 +66,7 @@ def pad_cases(shapes: list[tuple], placements: list) -> list[tuple]:
     for shape, pl in itertools.product(shapes, placements):
         n = len(shape) - 2
         for mode, pads in itertools.product(
-            ("constant", "reflect", "replicate"), ((1, 2), (0, 3), (2, 0), (3, 1))
+            ("constant", "reflect", "replicate", "circular"), ((1, 2), (0, 3), (2, 0), (3, 1))
         ):
             pad = list(pads) * n
             fn = (lambda p, m: lambda t: F.pad(t, p, mode=m))(pad, mode)
@@ -210,6 +210,5 @@ def test_conv_padding_modes_through_nn_conv() -> None:
         conv = conv_cls(2, 3, 3, padding=1, padding_mode=mode).double()
         shape = (2, 2, *([7, 6, 5][:n]))
         for dim in range(2, n + 2):
-            # circular padding is composite in torch: exact, but DTensor gathers it
-            cases.append(([Shard(dim)], shape, as_fn(conv), f"{mode}", mode != "circular"))
+            cases.append(([Shard(dim)], shape, as_fn(conv), f"{mode}"))
     run_cases(mesh, cases)

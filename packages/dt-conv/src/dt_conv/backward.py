@@ -10,12 +10,19 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
-from .channels import out_channel_mesh_dim, output_placements
+from .channels import (
+    bias_gradient,
+    channel_layout,
+    grad_output_placements,
+    local_groups,
+    local_weight,
+    weight_gradient,
+)
 from .fallback import replicated, target_placements, warn_fallback
 from .halo import scatter_add_window
 from .plan import make_plan
 from .spatial import gather_windows, window_shape
-from .wrap import as_dtensor, bind, like_param, replicated_local, summed
+from .wrap import as_dtensor, bind, like_param, summed
 
 aten = torch.ops.aten
 
@@ -52,7 +59,10 @@ def convolution_backward_handler(
             bias_sizes,
             [stride, padding, dilation, transposed, out_pad, groups, mask],
         )
-    plan = make_plan(x, weight.shape, stride, padding, dilation, transposed)
+    layout = channel_layout(x, weight, None, groups)
+    plan = make_plan(
+        x, weight.shape, stride, padding, dilation, transposed, layout.kind in ("in", "group")
+    )
     with torch.no_grad():
         if isinstance(plan, str):
             warn_fallback("convolution_backward", plan)
@@ -65,9 +75,10 @@ def convolution_backward_handler(
                 [stride, padding, dilation, transposed, out_pad, groups, mask],
             )
         mesh = plan.mesh
-        m = out_channel_mesh_dim(x, weight, None, groups)
-        g = grad_out.redistribute(mesh, output_placements(plan.placements, m)).to_local()
-        w = replicated_local(weight) if m is None else weight.to_local()
+        g = grad_out.redistribute(mesh, grad_output_placements(layout, plan.placements))
+        g = g.to_local()
+        w = local_weight(layout, weight, x)
+        groups = local_groups(layout, groups)
         xl = x.to_local()
         if mask[1]:
             window = gather_windows(plan.spatial, xl)
@@ -76,7 +87,7 @@ def convolution_backward_handler(
         if window.numel() == 0 or g.numel() == 0:
             gi = window.new_zeros(window.shape) if mask[0] else None
             gw = w.new_zeros(w.shape) if mask[1] else None
-            gb = g.new_zeros(bias_sizes) if mask[2] else None
+            gb = g.sum([d for d in range(g.ndim) if d != 1]) if mask[2] else None
         else:
             nspatial = len(plan.stride)
             gi, gw, gb = aten.convolution_backward(
@@ -94,21 +105,17 @@ def convolution_backward_handler(
             )
         grad_input = grad_weight = grad_bias = None
         if mask[0]:
-            if m is not None:  # every rank's filters contributed to the input gradient
-                gi = summed(gi, mesh, (m,))
+            if layout.kind == "out":  # every rank's filters contributed to the input gradient
+                gi = summed(gi, mesh, (layout.mesh_dim,))
             for split in reversed(plan.splits):
                 gi = scatter_add_window(gi, split, mesh)
             grad_input = as_dtensor(gi, mesh, plan.placements, x.shape)
         if mask[1]:
             gw = summed(gw, mesh, plan.reduce_mesh_dims)
-            if m is None:
-                grad_weight = like_param(gw, mesh, weight)
-            else:
-                grad_weight = as_dtensor(gw, mesh, weight.placements, weight.shape)
+            grad_weight = weight_gradient(layout, gw, weight, x)
         if mask[2]:
             gb = summed(gb, mesh, plan.reduce_mesh_dims)
-            bias_placements = [Replicate()] * mesh.ndim if m is None else weight.placements
-            grad_bias = as_dtensor(gb, mesh, bias_placements, bias_sizes)
+            grad_bias = bias_gradient(layout, gb, bias_sizes, weight, x)
         return grad_input, grad_weight, grad_bias
 
 

@@ -7,7 +7,13 @@ import functools
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
-from .channels import local_bias, out_channel_mesh_dim, output_placements
+from .channels import (
+    channel_layout,
+    local_bias,
+    local_groups,
+    local_weight,
+    output_placements,
+)
 from .fallback import replicated, target_placements, warn_fallback
 from .geometry import Affine
 from .halo import PendingWindow
@@ -42,27 +48,29 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
         return _fallback(
             op_call, x, weight, bias, [stride, padding, dilation, transposed, out_pad, groups]
         )
-    plan = make_plan(x, weight.shape, stride, padding, dilation, transposed)
+    layout = channel_layout(x, weight, bias, groups)
+    plan = make_plan(
+        x, weight.shape, stride, padding, dilation, transposed, layout.kind in ("in", "group")
+    )
     with torch.no_grad():
         if isinstance(plan, str):
             warn_fallback("convolution", plan)
             return _fallback(
                 op_call, x, weight, bias, [stride, padding, dilation, transposed, out_pad, groups]
             )
-        m = out_channel_mesh_dim(x, weight, bias, groups)
-        if m is None:
-            w, b = replicated_local(weight), replicated_local(bias)
-        else:  # each rank's own filters: output channels sharded on mesh dim m
-            w, b = weight.to_local(), local_bias(bias, weight)
+        w, b = local_weight(layout, weight, x), local_bias(layout, bias, weight, x)
+        placements = output_placements(layout, plan.placements)
+        groups = local_groups(layout, groups)
         overlapped = _same_conv_overlapped(plan, x.to_local(), w, b, groups)
         if overlapped is not None:
-            placements = output_placements(plan.placements, m)
             return as_dtensor(overlapped, plan.mesh, placements, plan.out_shape)
         window = gather_windows(plan.spatial, x.to_local())
         shape = local_out_shape(plan, window)
         shape[1] = w.shape[0]
         if window.numel() == 0 or 0 in shape:
             out = window.new_zeros(shape)
+            if b is not None and out.numel():  # no input channels here, but a bias to add
+                out += b.reshape(-1, *[1] * (out.ndim - 2))
         else:
             nspatial = len(plan.stride)
             out = aten.convolution(
@@ -76,7 +84,6 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
                 [0] * nspatial,
                 groups,
             )
-        placements = output_placements(plan.placements, m)
         return as_dtensor(out, plan.mesh, placements, plan.out_shape)
 
 

@@ -1,11 +1,15 @@
-"""`F.pad` on sharded dims: constant (also negative, i.e. cropping), reflect, replicate.
+"""`F.pad` on sharded dims: constant (also negative, i.e. cropping), reflect, replicate,
+circular.
 
 Padded output rows are owned by the chunk rule of the padded size, so the result is a
 proper `Shard` DTensor; each rank's window is its output rows read as virtual input
 rows, which the halo exchange fills with the padding mode (reflected or clamped rows
-may come from a neighbour on thin shards). Unsharded dims are padded by torch's own op.
-Circular padding is composite in torch (slices and copies), which DTensor already runs
-exactly by gathering; it never reaches these handlers.
+may come from a neighbour on thin shards; circular rows wrap around the ring, so the
+first rank reads the last rank's rows). Unsharded dims are padded by torch's own op.
+
+Circular padding is composite in torch (`aten::_pad_circular` decomposes into slices and
+copies before DTensor sees it), so it cannot be a DTensor handler: `circular_pad` is
+called from the plugin's autograd kernel for that op and brings its own backward.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def _window_op(
             return "reflect padding not smaller than the input"
         if fill != "constant" and (min(left, right) < 0 or in_shape[dim] == 0):
             return "negative or empty non-constant padding"
+        if fill == "circular" and max(left, right) > in_shape[dim]:
+            return "circular padding wider than the input"
 
     def splitter(dim: int) -> Splitter:
         left, _ = pairs[dim]
@@ -116,3 +122,47 @@ def _torch_pad(op: torch._ops.OpOverload) -> tuple[object, object]:
     name = op.__name__.split(".")[0]
     back = getattr(torch.ops.aten, f"{name}_backward").default
     return (lambda t, rest: op(t, rest)), (lambda g, window, rest: back(g, window, rest))
+
+
+def _decompose_circular(t: torch.Tensor, pad: Sequence[int]) -> torch.Tensor:
+    """torch's own circular padding (its composite decomposition)."""
+    return torch.ops.aten._pad_circular.default.decompose(t, list(pad))
+
+
+def _circular_vjp(grad: torch.Tensor, window: torch.Tensor, rest: list[int]) -> torch.Tensor:
+    """The adjoint of torch's circular padding on the unsharded dims (it is linear)."""
+    with torch.enable_grad():
+        probe = torch.zeros_like(window, requires_grad=True)
+        (out,) = torch.autograd.grad(_decompose_circular(probe, rest), probe, grad)
+    return out
+
+
+class _CircularPad(torch.autograd.Function):
+    """Circular padding with the halo path in forward and its adjoint in backward."""
+
+    @staticmethod
+    def forward(ctx: object, x: DTensor, op: spatial.WindowOp) -> DTensor:  # type: ignore[override]
+        ctx.op, ctx.in_shape = op, tuple(x.shape)  # type: ignore[attr-defined]
+        return spatial.forward(op, x)
+
+    @staticmethod
+    def backward(ctx: object, grad: DTensor) -> tuple[DTensor, None]:  # type: ignore[override]
+        return spatial.backward(ctx.op, grad, None, ctx.in_shape), None  # type: ignore[attr-defined]
+
+
+def circular_pad(x: DTensor, pad: Sequence[int]) -> torch.Tensor:
+    """`_pad_circular` for a DTensor: halo path where exact, else torch's own (gathers)."""
+    pad = list(pad)
+    ndim = x.ndim
+    bad_args = len(pad) % 2 or len(pad) // 2 > ndim - 1
+    if bad_args or any(
+        max(left, right) > x.shape[dim] for dim, (left, right) in _pairs(pad, ndim).items()
+    ):
+        return _decompose_circular(x, pad)  # torch raises its own error
+    op = _window_op(x, x.shape, pad, "circular", _decompose_circular, _circular_vjp)
+    if isinstance(op, str):
+        from .fallback import warn_fallback
+
+        warn_fallback("circular pad", op)
+        return _decompose_circular(x, pad)
+    return _CircularPad.apply(x, op)

@@ -7,7 +7,7 @@ data.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from torch.distributed.device_mesh import DeviceMesh
@@ -28,6 +28,7 @@ class SpatialPlan:
     splits: tuple[DimSplit, ...]  # dims the op works along, in halo-exchange order
     free_mesh_dims: tuple[int, ...]  # mesh dims sharding dims the op leaves alone
     out_shape: tuple[int, ...]  # global output shape
+    owned_mesh_dims: tuple[int, ...] = ()  # mesh dims sharding a dim the caller lays out
 
     def local_rank(self, split: DimSplit) -> int:
         return self.mesh.get_local_rank(split.mesh_dim)
@@ -39,13 +40,16 @@ def plan_spatial(
     splitters: Mapping[int, Splitter],
     blocked: Mapping[int, str] | None = None,
     in_shape: Sequence[int] | None = None,
+    owned: Collection[int] = (),
 ) -> SpatialPlan | str:
     """A `SpatialPlan`, or the reason the sharded path cannot be exact for this call.
 
     `splitters` names the dims the op works along; any other dim must keep its size and
-    may be sharded freely, unless `blocked` gives the reason it may not. `x` gives mesh
-    and placements; `in_shape` overrides its shape (a backward op's gradient stands in
-    for the input it never receives).
+    may be sharded freely, unless `blocked` gives the reason it may not; the
+    sharding of a dim in `owned` is the caller's business (conv channels, see `channels`):
+    no halo, and the output may change size there. `x` gives mesh and placements;
+    `in_shape` overrides its shape (a backward op's gradient stands in for the input it
+    never receives).
     """
     if not isinstance(x, DTensor):
         return "input is not a DTensor"
@@ -53,6 +57,7 @@ def plan_spatial(
     shape = tuple(in_shape) if in_shape is not None else tuple(x.shape)
     splits: list[DimSplit] = []
     free: list[int] = []
+    owned_mesh: list[int] = []
     seen: set[int] = set()
     mesh = x.device_mesh
     for mesh_dim, p in enumerate(x.placements):
@@ -68,13 +73,17 @@ def plan_spatial(
         if dim in seen:
             return f"input dim {dim} sharded over several mesh dims"
         seen.add(dim)
-        if dim in splitters:
+        if dim in owned:
+            owned_mesh.append(mesh_dim)
+        elif dim in splitters:
             splits.append(splitters[dim](mesh_dim, mesh.size(mesh_dim)))
         elif out_shape[dim] != shape[dim]:
             return f"input dim {dim} changes size"
         else:
             free.append(mesh_dim)
-    return SpatialPlan(mesh, tuple(x.placements), tuple(splits), tuple(free), tuple(out_shape))
+    return SpatialPlan(
+        mesh, tuple(x.placements), tuple(splits), tuple(free), tuple(out_shape), tuple(owned_mesh)
+    )
 
 
 @dataclass(frozen=True)
@@ -116,8 +125,12 @@ def make_plan(
     padding: Sequence[int],
     dilation: Sequence[int],
     transposed: bool,
+    channels_owned: bool = False,
 ) -> ConvPlan | str:
-    """A `ConvPlan`, or the reason the sharded path cannot be exact for this call."""
+    """A `ConvPlan`, or the reason the sharded path cannot be exact for this call.
+
+    `channels_owned`: a channel layout (see `channels`) handles the input's channel sharding.
+    """
     if not isinstance(x, DTensor):
         return "input is not a DTensor"
     if transposed:
@@ -144,7 +157,8 @@ def make_plan(
         x,
         out_shape,
         {d: splitter(d) for d in range(2, x.ndim)},
-        blocked={1: "input sharded on the channel dim"},
+        blocked={} if channels_owned else {1: "input sharded on the channel dim"},
+        owned=(1,) if channels_owned else (),
     )
     if isinstance(spatial, str):
         return spatial

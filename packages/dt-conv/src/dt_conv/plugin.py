@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from dt_core import OpHandler, hookimpl
+from dt_core import LibraryOps, OpHandler, hookimpl
 
 # aten op name -> "module:function" of its handler (modules of this package).
 HANDLERS = {
@@ -63,6 +63,35 @@ def _lazy(target: str) -> Callable[..., object]:
 
     handler.__qualname__ = handler.__name__ = f"{module}_{name}"
     return handler
+
+
+# Composite ops that decompose before DTensor sees them get an autograd kernel instead.
+COMPOSITE_KEYS = ("AutogradCPU", "AutogradCUDA")
+
+
+def _pad_circular(x: Any, pad: Any) -> Any:
+    """`aten::_pad_circular`: the halo path for DTensors, torch's decomposition otherwise."""
+    import sys
+
+    import torch
+
+    tensor_module = sys.modules.get("torch.distributed.tensor")
+    if tensor_module is not None and isinstance(x, tensor_module.DTensor):
+        from dt_conv.padding import circular_pad
+
+        return circular_pad(x, pad)
+    return torch.ops.aten._pad_circular.default.decompose(x, pad)
+
+
+def _define_composites(lib: Any) -> None:
+    for key in COMPOSITE_KEYS:
+        lib.impl("_pad_circular", _pad_circular, key)
+
+
+@hookimpl
+def dt_library_ops() -> list[LibraryOps]:
+    ops = [f"aten::_pad_circular@{key}" for key in COMPOSITE_KEYS]
+    return [LibraryOps("aten", _define_composites, ops=ops, kind="IMPL")]
 
 
 @hookimpl
