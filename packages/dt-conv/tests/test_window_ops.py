@@ -212,3 +212,42 @@ def test_conv_padding_modes_through_nn_conv() -> None:
         for dim in range(2, n + 2):
             cases.append(([Shard(dim)], shape, as_fn(conv), f"{mode}"))
     run_cases(mesh, cases)
+
+
+@pytest.mark.ranks(2)
+def test_bad_arguments_raise_torchs_own_errors() -> None:
+    """Sharded inputs fail like unsharded ones (same type, same message), on every rank."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = cpu_mesh(2)
+    x = torch.randn(2, 3, 6, 5, dtype=torch.float64)
+    weights = {
+        "channels": torch.randn(4, 2, 3, 3, dtype=torch.float64),  # x has 3 channels
+        "kernel": torch.randn(4, 3, 9, 3, dtype=torch.float64),  # taller than the input
+        "stride": torch.randn(4, 3, 3, 3, dtype=torch.float64),
+    }
+    calls: dict[str, Callable[[Any, Any], Any]] = {
+        "channels": lambda t, w: F.conv2d(t, w, padding=1),
+        "kernel": lambda t, w: F.conv2d(t, w),
+        "stride": lambda t, w: F.conv2d(t, w, stride=0),
+        "reflect": lambda t, w: F.pad(t, (0, 0, 6, 1), mode="reflect"),
+        "circular": lambda t, w: F.pad(t, (0, 0, 7, 1), mode="circular"),
+        "max pool": lambda t, w: F.max_pool2d(t, 2, padding=2),
+        "avg pool": lambda t, w: F.avg_pool2d(t, 3, padding=2),
+        "interpolate": lambda t, w: F.interpolate(t, scale_factor=-1.0),
+    }
+    problems = []
+    for name, call in calls.items():
+        w = weights.get(name)
+        with pytest.raises(Exception) as want:
+            call(x, w)
+        wd = distribute_tensor(w, mesh, [Replicate()]) if w is not None else None
+        for pl in ([Shard(2)], [Shard(3)]):
+            try:
+                call(distribute_tensor(x, mesh, pl), wd)
+            except Exception as got:  # noqa: BLE001 - comparing with torch's exception
+                if type(got) is not want.type or str(got) != str(want.value):
+                    problems.append(f"{name} {pl}: {got!r} vs torch's {want.value!r}")
+            else:
+                problems.append(f"{name} {pl}: no error (torch raises {want.value!r})")
+    assert not problems, "\n".join(problems)

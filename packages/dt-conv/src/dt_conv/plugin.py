@@ -59,6 +59,8 @@ def _lazy(target: str) -> Callable[..., object]:
     module, name = target.split(":")
 
     def handler(op_call: Any, args: tuple, kwargs: dict) -> object:
+        if "backward" not in op_call.__name__:  # backward runs only after forward passed
+            importlib.import_module("dt_conv.validate").raise_like_torch(op_call, args, kwargs)
         return getattr(importlib.import_module(f"dt_conv.{module}"), name)(op_call, args, kwargs)
 
     handler.__qualname__ = handler.__name__ = f"{module}_{name}"
