@@ -80,3 +80,39 @@ def test_fused_ops_called_directly_trace_under_compile() -> None:
     want = block(x, B)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and torch.equal(g, w)
+
+
+@pytest.mark.ranks(2, timeout=600)
+def test_scaled_ops_trace_with_torchs_meta_kernels() -> None:
+    """The float8 scaled variants through the API inside torch.compile (AOT tracing with
+    fake tensors, i.e. torch's Meta kernels; no Inductor: CPU _scaled_mm has no Inductor
+    lowering worth testing here) run our CPU kernels and equal eager."""
+    import dt_symm_mem
+    import torch.distributed as dist
+    from dt_symm_mem import ops
+
+    group = dist.group.WORLD
+    rank = dist.get_rank()
+    fp8 = torch.float8_e4m3fn
+
+    def block(x: torch.Tensor, B: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        A, (h,) = dt_symm_mem.fused_all_gather_scaled_matmul(
+            x, [B], s, [s], 0, group, out_dtypes=[torch.bfloat16]
+        )
+        y = dt_symm_mem.fused_scaled_matmul_reduce_scatter(
+            x, B, s, s, "sum", -1, group, out_dtype=torch.float32
+        )
+        return A.float(), h, y
+
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randint(-2, 3, (2, 4, 16), generator=gen).float().to(fp8)
+    B = torch.randint(-2, 3, (16, 32)).float().to(fp8).t().contiguous().t()  # Meta: 16 | dims
+    s = torch.tensor(0.5)
+    torch._dynamo.reset()
+    before = dict(ops.CALLS)
+    got = torch.compile(block, backend="aot_eager", fullgraph=True)(x, B, s)
+    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items() if v != before.get(k, 0)}
+    assert calls == {"fused_all_gather_scaled_matmul": 1, "fused_scaled_matmul_reduce_scatter": 1}
+    want = block(x, B, s)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w)

@@ -144,6 +144,10 @@ def test_cuda_tensors_go_to_torchs_symmetric_memory(monkeypatch: pytest.MonkeyPa
     _, call = recorder.calls[-1]
     assert (call["biases"], call["result_scales"]) == ([bias], [scale])
     assert (call["out_dtypes"], call["use_fast_accum"]) == ([torch.bfloat16], [True])
+    calls = len(recorder.calls)
+    with pytest.raises(NotImplementedError, match="last dim"):
+        api.fused_all_gather_scaled_matmul(A, [B], scale, [scale], -1, "tp")
+    assert len(recorder.calls) == calls
 
 
 def test_cuda_scaled_reduce_scatter_is_called_in_the_form_torch_computes_right(

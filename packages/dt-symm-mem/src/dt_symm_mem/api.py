@@ -102,12 +102,19 @@ def fused_all_gather_scaled_matmul(
     """`_scaled_mm(all_gather(A_shard, gather_dim), B, A_scale, B_scale)` for each B
     (float8 operands; A_scale tensor-wise, row-wise sharded or row-wise replicated)."""
     n = len(Bs)
+    dim = _dim(gather_dim, A_shard.dim())
+    if dim == A_shard.dim() - 1:
+        # torch's CUDA kernel fails deep inside (it passes the scales to a plain mm)
+        raise NotImplementedError(
+            "dt-symm-mem: fused_all_gather_scaled_matmul along the last dim is not supported "
+            "(row-wise scales do not split along K; torch's kernel does not support it)"
+        )
     args = (
         A_shard,
         list(Bs),
         A_scale,
         list(B_scales),
-        _dim(gather_dim, A_shard.dim()),
+        dim,
         _group_name(group),
         list(biases) if biases is not None else [None] * n,
         list(result_scales) if result_scales is not None else [None] * n,
