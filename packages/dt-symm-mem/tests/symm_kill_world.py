@@ -6,11 +6,11 @@ Each scenario runs in a fresh world of two processes forked from this one (torch
 imported once, here), writing to OUTDIR/MODE-SEGMENTS/.
 
 MODE: "normal" (set up the workspace, exit normally), "kill" (after setup rank 1
-SIGKILLs itself and rank 0 runs another all-gather, which must fail with a clear error
-naming the dead peer) or "kill-creator" (rank 0 SIGKILLs itself right after creating the
-segment, before any peer knows of it; rank 1's setup must fail, not hang).
+SIGKILLs itself and rank 0 runs another all-gather and a barrier, which must fail with a
+clear error naming the dead peer) or "kill-creator" (rank 0 SIGKILLs itself right after
+creating the segment, before any peer knows of it; rank 1's setup must fail, not hang).
 SEGMENTS: "memfd" (the default mechanism) or "named" (anonymous segments made
-unavailable, so the /dev/shm path is used). Each rank writes rankN.json to OUTDIR.
+unavailable, so the /dev/shm path is used). Each rank writes rankN.json to its folder.
 """
 
 from __future__ import annotations
@@ -88,6 +88,13 @@ def rank_main(rank: int, mode: str, segments: str, outdir: str) -> None:
         except Exception as error:  # noqa: BLE001 - reported to the test
             report["error"] = f"{type(error).__name__}: {error}"
         report["seconds"] = time.monotonic() - start
+        start = time.monotonic()
+        try:
+            handle.barrier(1)
+            report["barrier_error"] = None
+        except Exception as error:  # noqa: BLE001 - reported to the test
+            report["barrier_error"] = f"{type(error).__name__}: {error}"
+        report["barrier_seconds"] = time.monotonic() - start
     _write(outdir, rank, report)
     if mode == "normal":
         # both ranks done before teardown: gloo can abort at exit when one rank tears its

@@ -142,6 +142,9 @@ def test_sigkilled_rank_leaves_nothing_and_peer_fails_fast(segments: str, worlds
     assert error is not None and "SymmMemTimeoutError" in error and "rank 1" in error
     assert "exited" in error
     assert reports[0]["seconds"] < 30  # detected long before the 60 s deadline
+    error = reports[0]["barrier_error"]  # a barrier with the dead peer fails the same way
+    assert error is not None and "SymmMemTimeoutError" in error and "barrier" in error
+    assert "rank 1" in error and "exited" in error and reports[0]["barrier_seconds"] < 30
 
 
 def test_creator_killed_right_after_creating_leaves_nothing(worlds: dict) -> None:
