@@ -46,8 +46,9 @@ def test_compiled_graph_uses_fused_ops_with_equal_numerics() -> None:
 
 @pytest.mark.ranks(2, timeout=600)
 def test_fused_ops_called_directly_trace_under_compile() -> None:
-    """dt_symm_mem.* and torch.ops.symm_mem.* inside a compiled function: one opaque op
-    each (traced with torch's Meta kernels), run by our CPU kernels."""
+    """dt_symm_mem.* and torch.ops.symm_mem.* inside a compiled function, fused and
+    low-contention ops: one opaque op each (traced with torch's Meta kernels, lowered by
+    Inductor), run by our CPU kernels."""
     import dt_symm_mem
     import torch.distributed as dist
     from dt_symm_mem import ops
@@ -55,22 +56,63 @@ def test_fused_ops_called_directly_trace_under_compile() -> None:
     group = dist.group.WORLD
     rank = dist.get_rank()
 
-    def block(x: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def block(x: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, ...]:
         A, (h,) = dt_symm_mem.fused_all_gather_matmul(x, [B], 1, group)
         y = torch.ops.symm_mem.fused_matmul_reduce_scatter(
             torch.relu(h), B.t(), "avg", 0, group.group_name
         )
-        return A.sum(-1), y
+        g = dt_symm_mem.low_contention_all_gather(y * 2, group)
+        r = dt_symm_mem.low_contention_reduce_scatter(g + 1, "sum", group)
+        return A.sum(-1), y, g, r
 
     x = torch.randint(-2, 3, (4, 2, 3), generator=torch.Generator().manual_seed(rank)).float()
     B = torch.randint(-2, 3, (3, 3)).float()
     torch._dynamo.reset()
     before = dict(ops.CALLS)
     got = torch.compile(block, fullgraph=True)(x, B)
-    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items()}
-    assert (
-        calls.get("fused_all_gather_matmul") == 1 and calls.get("fused_matmul_reduce_scatter") == 1
-    )
+    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items() if v != before.get(k, 0)}
+    assert calls == {
+        "fused_all_gather_matmul": 1,
+        "fused_matmul_reduce_scatter": 1,
+        "low_contention_all_gather": 1,
+        "low_contention_reduce_scatter": 1,
+    }, calls
     want = block(x, B)
     for g, w in zip(got, want, strict=True):
-        assert torch.equal(g, w)
+        assert g.shape == w.shape and torch.equal(g, w)
+
+
+@pytest.mark.ranks(2, timeout=600)
+def test_scaled_ops_trace_with_torchs_meta_kernels() -> None:
+    """The float8 scaled variants through the API inside torch.compile (AOT tracing with
+    fake tensors, i.e. torch's Meta kernels; no Inductor: CPU _scaled_mm has no Inductor
+    lowering worth testing here) run our CPU kernels and equal eager."""
+    import dt_symm_mem
+    import torch.distributed as dist
+    from dt_symm_mem import ops
+
+    group = dist.group.WORLD
+    rank = dist.get_rank()
+    fp8 = torch.float8_e4m3fn
+
+    def block(x: torch.Tensor, B: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        A, (h,) = dt_symm_mem.fused_all_gather_scaled_matmul(
+            x, [B], s, [s], 0, group, out_dtypes=[torch.bfloat16]
+        )
+        y = dt_symm_mem.fused_scaled_matmul_reduce_scatter(
+            x, B, s, s, "sum", -1, group, out_dtype=torch.float32
+        )
+        return A.float(), h, y
+
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randint(-2, 3, (2, 4, 16), generator=gen).float().to(fp8)
+    B = torch.randint(-2, 3, (16, 32)).float().to(fp8).t().contiguous().t()  # Meta: 16 | dims
+    s = torch.tensor(0.5)
+    torch._dynamo.reset()
+    before = dict(ops.CALLS)
+    got = torch.compile(block, backend="aot_eager", fullgraph=True)(x, B, s)
+    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items() if v != before.get(k, 0)}
+    assert calls == {"fused_all_gather_scaled_matmul": 1, "fused_scaled_matmul_reduce_scatter": 1}
+    want = block(x, B, s)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w)

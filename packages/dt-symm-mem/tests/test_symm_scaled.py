@@ -58,34 +58,37 @@ def check_ag_scaled(case: tuple, name: str) -> str | None:
 
 
 def check_rs_scaled(case: tuple, name: str) -> str | None:
+    """Reference: torch's Meta semantics, reduce_scatter(C.view(output_shape), dim), through
+    torch.ops (with the "after reshape" dim torch's TP pass would pass) and the API."""
+    import dt_symm_mem
     import torch.distributed as dist
 
-    shape, scatter_dim, mode, reduce_op = case
+    shape, out_lead, dim, after, mode, reduce_op = case
     rank = dist.get_rank()
+    out_lead = list(out_lead or shape[:-1])
     A = fp8(shape, 10 + rank)
     B = fp8((shape[-1], 8), 77).t().contiguous().t()
     if mode == "tensor":
         A_scale, B_scale = torch.tensor(0.5), torch.tensor(2.0)
     else:
-        A_scale, B_scale = torch.full((*shape[:-1], 1), 0.5), torch.full((1, 8), 2.0)
-    got = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
-        A,
-        B,
-        A_scale,
-        B_scale,
-        reduce_op,
-        scatter_dim,
-        scatter_dim,
-        name,
-        [*shape[:-1], 8],
-        out_dtype=torch.bfloat16,
-    )
+        A_scale = 2.0 ** ints((*shape[:-1], 1), 20 + rank, low=-1).clamp(max=1).float()
+        B_scale = torch.full((1, 8), 2.0)
     flat_scale = A_scale if mode == "tensor" else A_scale.flatten(0, -2)
     full = torch._scaled_mm(
         A.flatten(0, -2), B, flat_scale, B_scale, out_dtype=torch.bfloat16
-    ).view(*shape[:-1], 8)
-    want = reduce_scatter(full, reduce_op, scatter_dim)
-    return None if same(got, want) else f"differs: {case}"
+    ).view(*out_lead, 8)
+    want = reduce_scatter(full, reduce_op, dim)
+    got = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
+        A, B, A_scale, B_scale, reduce_op, dim, after, name, [*out_lead, 8],
+        out_dtype=torch.bfloat16,
+    )  # fmt: skip
+    api = dt_symm_mem.fused_scaled_matmul_reduce_scatter(
+        A, B, A_scale, B_scale, reduce_op, dim - len(out_lead) - 1, name,
+        output_shape=[*out_lead, 8], out_dtype=torch.bfloat16,
+    )  # fmt: skip
+    if not same(got, want):
+        return f"torch.ops differs: {case}"
+    return None if same(api, want) else f"API differs: {case}"
 
 
 def run_scaled_cases() -> None:
@@ -102,10 +105,15 @@ def run_scaled_cases() -> None:
         ((2, 4, 16), 1, "row-sharded", torch.bfloat16, 1),
         ((2, 4, 16), 0, "row-replicated", torch.bfloat16, 1),
     ]
-    rs = [
-        ((world * 4, 16), 0, "tensor", "sum"),
-        ((world * 4, 16), 0, "row", "avg"),
-        ((2, world * 2, 16), 1, "row", "sum"),
+    w = world
+    rs = [  # (A shape, output leading dims, scatter dim, dim after reshape, scales, op)
+        ((w * 4, 16), None, 0, 0, "tensor", "sum"),
+        ((w * 4, 16), None, 0, 0, "row", "avg"),
+        ((2, w * 2, 16), None, 1, 1, "row", "sum"),
+        ((2, 3, w * 2, 16), None, 2, 2, "row", "sum"),  # torch's CUDA form is wrong here
+        ((2 * w * 2, 16), (2, w * 2), 1, 0, "row", "sum"),  # TP pass: reshape -> mm -> reshape
+        ((w * 2 * 3, 16), (w * 2, 3), 0, 0, "tensor", "avg"),
+        ((16, 16), None, 1, 1, "row", "sum"),  # along N (square A: a transposed split fits)
     ]
     failures = [f for c in ag if (f := check_ag_scaled(c, name))]
     failures += [f for c in rs if (f := check_rs_scaled(c, name))]

@@ -9,6 +9,7 @@ installed (plugin disabled), CPU calls run our implementation directly.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -31,6 +32,19 @@ def uses_torch_kernels(*tensors: Any) -> bool:
     if "cuda" in devices and devices - {"cuda"}:
         raise ValueError(f"dt-symm-mem: operands on mixed devices {sorted(devices)}")
     return devices == {"cuda"}
+
+
+def _dim(dim: int, ndim: int) -> int:
+    """A negative dim counted from the end (torch's kernels take only dims >= 0); out of
+    range dims are passed on for the op to reject."""
+    return dim + ndim if -ndim <= dim < 0 else dim
+
+
+def _wait(tensor: torch.Tensor) -> torch.Tensor:
+    """torch's CUDA low-contention collectives run on a side stream and register async
+    work on the result: wait for it (as Inductor's wait_tensor does) before handing the
+    tensor to code on the current stream."""
+    return torch.ops._c10d_functional.wait_tensor(tensor)
 
 
 def _torch_op(name: str) -> Any:
@@ -63,7 +77,7 @@ def fused_all_gather_matmul(
 ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
     """`A = all_gather(A_shard, gather_dim)`; returns `(A if return_A else None, [A @ B
     for B in Bs])`, consuming each peer's shard as it arrives."""
-    args = (A_shard, list(Bs), gather_dim, _group_name(group))
+    args = (A_shard, list(Bs), _dim(gather_dim, A_shard.dim()), _group_name(group))
     return _call(
         "fused_all_gather_matmul",
         "fused_all_gather_matmul",
@@ -88,12 +102,19 @@ def fused_all_gather_scaled_matmul(
     """`_scaled_mm(all_gather(A_shard, gather_dim), B, A_scale, B_scale)` for each B
     (float8 operands; A_scale tensor-wise, row-wise sharded or row-wise replicated)."""
     n = len(Bs)
+    dim = _dim(gather_dim, A_shard.dim())
+    if dim == A_shard.dim() - 1:
+        # torch's CUDA kernel fails deep inside (it passes the scales to a plain mm)
+        raise NotImplementedError(
+            "dt-symm-mem: fused_all_gather_scaled_matmul along the last dim is not supported "
+            "(row-wise scales do not split along K; torch's kernel does not support it)"
+        )
     args = (
         A_shard,
         list(Bs),
         A_scale,
         list(B_scales),
-        gather_dim,
+        dim,
         _group_name(group),
         list(biases) if biases is not None else [None] * n,
         list(result_scales) if result_scales is not None else [None] * n,
@@ -110,7 +131,20 @@ def fused_matmul_reduce_scatter(
     """`reduce_scatter(A @ B, reduce_op, scatter_dim)` ("sum" or "avg"), producing each
     destination's chunk while peers pull the previous one."""
     name = "fused_matmul_reduce_scatter"
-    return _call(name, name, (A, B), A, B, reduce_op, scatter_dim, _group_name(group))
+    args = (A, B, reduce_op, _dim(scatter_dim, A.dim()), _group_name(group))
+    return _call(name, name, (A, B), *args)
+
+
+def _scatter_dim_after_reshape(A: torch.Tensor, lead: list[int], dim: int) -> int:
+    """Where output dim `dim` lies in A when A's leading dims were reshaped (torch's
+    micro-pipeline-TP rule; A's own dim when A has the output's leading dims)."""
+    if list(A.shape[:-1]) == lead:
+        return dim
+    if dim == 0:
+        return 0
+    if dim == len(lead):
+        return A.dim() - 1
+    return 0 if A.shape[0] == math.prod(lead) else 1
 
 
 def fused_scaled_matmul_reduce_scatter(
@@ -128,13 +162,35 @@ def fused_scaled_matmul_reduce_scatter(
     out_dtype: torch.dtype | None = None,
     use_fast_accum: bool = False,
 ) -> torch.Tensor:
-    """`reduce_scatter(_scaled_mm(A, B, A_scale, B_scale, ...), reduce_op, scatter_dim)`
-    for float8 A and B; A's rows split along `scatter_dim` (no reshape in between)."""
+    """`reduce_scatter(_scaled_mm(A.flatten(0, -2), B, A_scale, B_scale, ...)
+    .view(output_shape), reduce_op, scatter_dim)` for float8 A and B; `output_shape`
+    defaults to `[*A.shape[:-1], B.shape[1]]` and `scatter_dim` is one of its dims.
+
+    On CUDA, A (and row-wise A_scale) are viewed with the output's leading dims and the
+    scatter dim moved to the front before calling torch's kernel, which splits rows
+    correctly only in that form; scattering along the last dim raises there."""
     shape = list(output_shape) if output_shape is not None else [*A.shape[:-1], B.shape[1]]
-    args = (A, B, A_scale, B_scale, reduce_op, scatter_dim, scatter_dim, _group_name(group))
+    dim = _dim(scatter_dim, len(shape))
     kwargs = dict(bias=bias, result_scale=result_scale, out_dtype=out_dtype)
     name = "fused_scaled_matmul_reduce_scatter"
-    return _call(name, name, (A, B), *args, shape, **kwargs, use_fast_accum=use_fast_accum)
+    if not uses_torch_kernels(A, B):
+        after = _scatter_dim_after_reshape(A, shape[:-1], dim)
+        args = (A, B, A_scale, B_scale, reduce_op, dim, after, _group_name(group), shape)
+        return _call(name, name, (A, B), *args, **kwargs, use_fast_accum=use_fast_accum)
+    if dim == len(shape) - 1:
+        raise NotImplementedError(
+            "dt-symm-mem: fused_scaled_matmul_reduce_scatter along the last (output "
+            "column) dim is not supported by torch's CUDA symmetric memory"
+        )
+    lead = shape[:-1]
+    A_front = A.reshape(*lead, A.shape[-1]).movedim(dim, 0)
+    scale = A_scale
+    if A_scale.numel() > 1:
+        scale = A_scale.reshape(*lead, A_scale.shape[-1]).movedim(dim, 0)
+    front_shape = [lead[dim], *lead[:dim], *lead[dim + 1 :], shape[-1]]
+    args = (A_front, B, scale, B_scale, reduce_op, 0, 0, _group_name(group), front_shape)
+    out = _torch_op(name)(*args, **kwargs, use_fast_accum=use_fast_accum)
+    return out.movedim(0, dim)
 
 
 def low_contention_all_gather(
@@ -143,12 +199,14 @@ def low_contention_all_gather(
     """All-gather along dim 0 (through shared memory on CPU). On CPU, `out` (contiguous,
     world * tensor.shape[0] rows) receives the result without a fresh allocation."""
     name = _group_name(group)
+    if uses_torch_kernels(tensor):
+        if out is not None:
+            raise ValueError("dt-symm-mem: out= is only supported for CPU tensors")
+        return _wait(_torch_op("_low_contention_all_gather")(tensor, name))
     if out is None:
         return _call(
             "_low_contention_all_gather", "low_contention_all_gather", (tensor,), tensor, name
         )
-    if uses_torch_kernels(tensor):
-        raise ValueError("dt-symm-mem: out= is only supported for CPU tensors")
     from dt_symm_mem import ops
 
     return ops.low_contention_all_gather(tensor, name, out=out)
@@ -158,6 +216,9 @@ def low_contention_reduce_scatter(
     tensor: torch.Tensor, reduce_op: str = "sum", group: Any = None
 ) -> torch.Tensor:
     """Reduce-scatter along dim 0, "sum" or "avg" (through shared memory on CPU)."""
+    if uses_torch_kernels(tensor):
+        op = _torch_op("_low_contention_reduce_scatter")
+        return _wait(op(tensor, reduce_op, _group_name(group)))
     return _call(
         "_low_contention_reduce_scatter",
         "low_contention_reduce_scatter",

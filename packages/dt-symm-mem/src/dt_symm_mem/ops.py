@@ -8,6 +8,7 @@ Meta kernels (Inductor asserts them), and runs the micro-pipelined exchange of
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -336,8 +337,12 @@ def fused_scaled_matmul_reduce_scatter(
     out_dtype: Any = None,
     use_fast_accum: bool = False,
 ) -> torch.Tensor:
-    """`reduce_scatter(_scaled_mm(A, B, A_scale, B_scale, ...).view(output_shape))` along
-    `orig_scatter_dim`; A's rows are split along `scatter_dim_after_maybe_reshape`."""
+    """`reduce_scatter(_scaled_mm(A.flatten(0, -2), B, ...).view(output_shape), reduce_op,
+    orig_scatter_dim)`: the semantics of torch's Meta kernel. A's rows are viewed with
+    output_shape's leading dims, so any scatter dim is split correctly (torch 2.13's CUDA
+    kernel, which splits A's flattened rows along `scatter_dim_after_maybe_reshape`, is
+    right only for dims 0 and 1 without a reshape). Scatter along the last dim chunks B's
+    columns (and row-wise B scales, bias)."""
     CALLS["fused_scaled_matmul_reduce_scatter"] += 1
     sd = scatter_dim_after_maybe_reshape
     if A.dim() < 2:
@@ -348,46 +353,72 @@ def fused_scaled_matmul_reduce_scatter(
         raise ValueError("B must be a matrix")
     if output_shape is None:
         output_shape = [*A.shape[:-1], B.shape[1]]
-    output_shape = list(output_shape)
-    if orig_scatter_dim < 0 or orig_scatter_dim >= len(output_shape):
+    output_shape = [int(s) for s in output_shape]
+    dim = orig_scatter_dim
+    if dim < 0 or dim >= len(output_shape):
         raise ValueError("Invalid scatter dim for 3D+ output tensor")
+    lead = output_shape[:-1]
+    if math.prod(lead) != math.prod(A.shape[:-1]) or output_shape[-1] != B.shape[1]:
+        raise ValueError(
+            f"output_shape {output_shape} does not match the product of A {tuple(A.shape)} "
+            f"and B {tuple(B.shape)}"
+        )
     _check_reduce_op(reduce_op)
     _check_scaled_inputs("fused_scaled_matmul_reduce_scatter", A, [B])
-    dtype = _as_dtype(out_dtype)
-    group = resolve_group(group_name)
-    world = group.size()
-    _check_divisible(A.shape[sd], world, f"A.shape[{sd}]")
-    x = A.movedim(sd, 0)
-    rows = x.flatten(0, -2).chunk(world)
-    if A_scale.numel() == 1:
-        scales = [A_scale] * world
-    elif A_scale.shape[:-1] == A.shape[:-1]:
-        scales = list(A_scale.movedim(sd, 0).contiguous().flatten(0, -2).chunk(world))
-    else:
+    if A_scale.numel() > 1 and A_scale.shape[:-1] != A.shape[:-1]:
         raise ValueError(
             "For row-wise scaling, the leading dims of A_scale must match the leading dims "
             f"of A (A shape: {A.shape}, A_scale shape: {A_scale.shape})"
         )
+    dtype = _as_dtype(out_dtype)
+    group = resolve_group(group_name)
+    world = group.size()
+    k = A.shape[-1]
+    rowwise = A_scale.numel() > 1
 
-    def produce(dest: int, out: torch.Tensor) -> None:
-        res = torch._scaled_mm(
-            rows[dest].contiguous(),
-            B,
-            scales[dest].contiguous(),
-            B_scale,
-            bias,
+    def scaled_mm(a: torch.Tensor, b: torch.Tensor, a_s: torch.Tensor, b_s: Any, bias_: Any):
+        return torch._scaled_mm(
+            a.contiguous(),
+            b,
+            a_s.contiguous(),
+            b_s,
+            bias_,
             result_scale,
             out_dtype=dtype,
             use_fast_accum=use_fast_accum,
         )
-        out.copy_(res)
+
+    if dim == len(output_shape) - 1:
+        _check_divisible(B.shape[1], world, "B.shape[1]")
+        A_rows = A.flatten(0, -2)
+        a_scale = A_scale.flatten(0, -2) if rowwise else A_scale
+        B_cols = B.chunk(world, dim=1)
+        B_scales = B_scale.chunk(world, dim=-1) if B_scale.numel() > 1 else [B_scale] * world
+        biases = bias.chunk(world, dim=-1) if bias is not None else [None] * world
+
+        def produce_cols(dest: int, out: torch.Tensor) -> None:
+            b_s = B_scales[dest].contiguous()
+            out.copy_(scaled_mm(A_rows, B_cols[dest], a_scale, b_s, biases[dest]))
+
+        chunk = (A_rows.shape[0], B.shape[1] // world)
+        stacked = produce_all_to_all(group, chunk, dtype or A.dtype, produce_cols)
+        return _standard_contiguous(_reduce(stacked, reduce_op).view(*lead, -1))
+    _check_divisible(lead[dim], world, f"output_shape[{dim}]")
+    x = A.reshape(*lead, k).movedim(dim, 0)
+    rows = x.flatten(0, -2).chunk(world)
+    if rowwise:
+        scales = list(A_scale.reshape(*lead, 1).movedim(dim, 0).flatten(0, -2).chunk(world))
+    else:
+        scales = [A_scale] * world
+
+    def produce(dest: int, out: torch.Tensor) -> None:
+        out.copy_(scaled_mm(rows[dest], B, scales[dest], B_scale, bias))
 
     stacked = produce_all_to_all(group, (rows[0].shape[0], B.shape[1]), dtype or A.dtype, produce)
     leading = [world, *x.shape[:-1]]
-    leading[orig_scatter_dim if orig_scatter_dim > 0 else 1] //= world
-    reduced = _reduce(stacked.view(*leading, -1).movedim(1, sd + 1), reduce_op)
-    output_shape[orig_scatter_dim] //= world
-    return _standard_contiguous(reduced.reshape(*output_shape))
+    leading[1] //= world
+    reduced = _reduce(stacked.view(*leading, -1), reduce_op).movedim(0, dim)
+    return _standard_contiguous(reduced)
 
 
 # --- low-contention collectives ---------------------------------------------------------

@@ -23,6 +23,7 @@ import platform
 import socket
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,13 +59,6 @@ def _round_size(nbytes: int, previous: int) -> int:
     while size < nbytes:
         size *= 2
     return size
-
-
-def _pid_namespace() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return -1
 
 
 def _pid_alive(pid: int) -> bool:
@@ -116,11 +110,13 @@ class ShmSymmMemory:
         name: str,
         buffer_bytes: int,
         timeout: float,
+        mechanism: str = "named",
     ) -> None:
         self.group = group
+        self.mechanism = mechanism  # "memfd" (anonymous) or "named" (/dev/shm)
         self.rank = group.rank()
         self.world_size = group.size()
-        self.name = name
+        self.name = name  # the /dev/shm name (unlinked by now) or a memfd's description
         self.buffer_bytes = buffer_bytes
         self.timeout = timeout
         self._mm = mm
@@ -136,7 +132,7 @@ class ShmSymmMemory:
         self._signals_seen = [0] * self.world_size
         ident = self._layout.word(self._layout.ident + self.rank)
         self._flags[ident] = os.getpid()
-        self._flags[ident + 1] = _pid_namespace()
+        self._flags[ident + 1] = segment.pid_namespace()
 
     # --- buffers --------------------------------------------------------------------
 
@@ -205,7 +201,7 @@ class ShmSymmMemory:
     def _peer_gone(self, peer: int) -> bool:
         ident = self._layout.word(self._layout.ident + peer)
         pid, ns = int(self._flags[ident]), int(self._flags[ident + 1])
-        return pid > 0 and ns == _pid_namespace() and not _pid_alive(pid)
+        return pid > 0 and ns == segment.pid_namespace() and not _pid_alive(pid)
 
     def _wait_geq(self, index: int, target: int, what: str, peer: int) -> None:
         """Spin (then yield, then nap) until flag >= target; fail on a dead peer or deadline."""
@@ -319,6 +315,8 @@ class _GroupState:
     handle: ShmSymmMemory | None = None
     fallback_reason: str | None = None
     generation: int = 0
+    # why anonymous (memfd) segments cannot be used by this group; None: try them
+    memfd_problem: str | None = None
 
 
 _states: dict[int, _GroupState] = {}  # id(group) -> state (the state keeps the group alive)
@@ -338,8 +336,8 @@ def _local_problem() -> str | None:
         return f"{DISABLE_ENV}=1"
     if platform.machine().lower() not in _X86:
         return f"flag ordering is only implemented for x86 (this is {platform.machine()})"
-    if not segment.shm_available():
-        return f"{segment.SHM_DIR} is not writable"
+    if not segment.memfd_supported() and not segment.shm_available():
+        return f"no memfd_create and {segment.SHM_DIR} is not writable"
     return None
 
 
@@ -355,10 +353,61 @@ def _decide(group: Any) -> str | None:
     return None
 
 
-def _map_segment(group: Any, buffer_bytes: int, timeout: float) -> ShmSymmMemory | str:
+# Test seam: called on the creating rank right after it made a segment, before any peer
+# knows of it, as hook(kind, where) with kind "memfd" or "named" (the tests SIGKILL the
+# creator here to show nothing is left behind). None in normal use.
+after_create: Callable[[str, str], None] | None = None
+
+
+def _segment_bytes(group: Any, buffer_bytes: int) -> int:
+    return _Layout(group.size()).header_bytes + 2 * group.size() * buffer_bytes
+
+
+def _created(kind: str, where: str) -> None:
+    if after_create is not None:
+        after_create(kind, where)
+
+
+def _map_anonymous(group: Any, total: int) -> tuple[mmap.mmap, str] | str:
+    """Group rank 0 makes a memfd; the peers open it through /proc while rank 0 holds the
+    fd; rank 0 closes it after an all-gather of the results. Collective; returns the
+    mapping and its description, or the (all-gathered, so common) reason it failed."""
+    mm: mmap.mmap | None = None
+    fd: int | None = None
+    described: segment.AnonymousSegment | None = None
+    error = None
+    if group.rank() == 0 and not segment.memfd_supported():
+        error = "this host has no memfd_create or no /proc"
+    elif group.rank() == 0:
+        try:
+            fd, described, mm = segment.create_anonymous(total)
+            _created("memfd", described.proc_path)
+        except OSError as err:
+            error = f"creating an anonymous {total}-byte segment failed: {err}"
+    try:
+        box: list[Any] = [(described, error)]
+        dist.broadcast_object_list(box, group_src=0, group=group)
+        described, error = box[0]
+        if described is not None and mm is None:
+            try:
+                mm = segment.open_anonymous(described, total)
+            except (OSError, ValueError) as err:
+                error = f"rank {group.rank()} cannot open the creator's memfd: {err}"
+        results: list[Any] = [None] * group.size()
+        dist.all_gather_object(results, error, group=group)
+    finally:
+        if fd is not None:
+            os.close(fd)  # every rank mapped it (or failed, or died): the memory lives on
+    errors = sorted({e for e in results if e})
+    if errors or mm is None or described is None:
+        if mm is not None:
+            mm.close()
+        return "; ".join(errors) or "no segment"
+    return mm, described.describe()
+
+
+def _map_named(group: Any, total: int) -> tuple[mmap.mmap, str] | str:
     """Create (group rank 0), broadcast the name, attach, unlink: collective."""
-    layout = _Layout(group.size())
-    total = layout.header_bytes + 2 * group.size() * buffer_bytes
     name: str | None = None
     mm: mmap.mmap | None = None
     error = None
@@ -366,6 +415,7 @@ def _map_segment(group: Any, buffer_bytes: int, timeout: float) -> ShmSymmMemory
         try:
             name = segment.new_name()
             mm = segment.create(name, total)
+            _created("named", name)
         except OSError as err:
             name, error = None, f"creating a {total}-byte segment failed: {err}"
     try:
@@ -375,7 +425,7 @@ def _map_segment(group: Any, buffer_bytes: int, timeout: float) -> ShmSymmMemory
         if name is not None and mm is None:
             try:
                 mm = segment.attach(name, total)
-            except OSError as err:
+            except (OSError, ValueError) as err:
                 error = f"attaching to the segment failed: {err}"
         results: list[Any] = [None] * group.size()
         dist.all_gather_object(results, error, group=group)
@@ -388,8 +438,27 @@ def _map_segment(group: Any, buffer_bytes: int, timeout: float) -> ShmSymmMemory
             segment.unlink(name)  # every rank mapped it (or failed): the name can go
     errors = sorted({e for e in results if e})
     if errors or mm is None or name is None:
+        if mm is not None:
+            mm.close()
         return "; ".join(errors) or "no segment"
-    return ShmSymmMemory(group, mm, name, buffer_bytes, timeout)
+    return mm, name
+
+
+def _map_segment(state: _GroupState, buffer_bytes: int, timeout: float) -> ShmSymmMemory | str:
+    """A fresh segment for the group: anonymous (memfd) unless some rank could not use
+    it, then named in /dev/shm (and named from then on). Collective; every rank reaches
+    the same decision because each step ends with an all-gather of every rank's result."""
+    group = state.group
+    total = _segment_bytes(group, buffer_bytes)
+    if state.memfd_problem is None:
+        result = _map_anonymous(group, total)
+        if not isinstance(result, str):
+            return ShmSymmMemory(group, result[0], result[1], buffer_bytes, timeout, "memfd")
+        state.memfd_problem = result
+    result = _map_named(group, total)
+    if isinstance(result, str):
+        return f"{result} (after anonymous segments failed: {state.memfd_problem})"
+    return ShmSymmMemory(group, result[0], result[1], buffer_bytes, timeout, "named")
 
 
 def _state(group: Any) -> _GroupState:
@@ -422,7 +491,7 @@ def get_workspace(group: Any, min_bytes: int) -> ShmSymmMemory | None:
     previous = handle.buffer_bytes if handle is not None else 0
     size = _round_size(min_bytes, previous)
     timeout = handle.timeout if handle is not None else default_timeout()
-    result = _map_segment(group, size, timeout)
+    result = _map_segment(state, size, timeout)
     if isinstance(result, str):
         # Every rank got the same all-gathered reason, so all fall back together.
         state.fallback_reason = f"setting up shared memory failed: {result}"

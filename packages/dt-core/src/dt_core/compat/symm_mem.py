@@ -11,6 +11,7 @@ Interface (plain functions):
     all_gather_match_parts(match) / reduce_scatter_match_parts(match) -> (node, group name)
     scalar_types_to_dtypes(values)
     has_kernel(qualified_name, dispatch_key) -> bool
+    op_arguments(op_name) -> [(name, keyword_only, has_default)] of symm_mem::<op_name>
 """
 
 from __future__ import annotations
@@ -43,6 +44,16 @@ def has_kernel(qualified_name: str, dispatch_key: str) -> bool:
     if not torch._C._dispatch_has_kernel(qualified_name):
         return False
     return torch._C._dispatch_has_kernel_for_dispatch_key(qualified_name, dispatch_key)
+
+
+def op_arguments(op_name: str) -> list[tuple[str, bool, bool]]:
+    """(name, keyword-only, has a default) of each argument of `symm_mem::<op_name>`, from
+    the op's registered schema (tests bind recorded calls to it)."""
+    ensure_symm_mem_ops_defined()
+    import torch
+
+    schema = getattr(torch.ops.symm_mem, op_name).default._schema
+    return [(a.name, a.kwarg_only, a.has_default_value()) for a in schema.arguments]
 
 
 def torch_symm_mem_module() -> Any:
