@@ -35,6 +35,10 @@ def check(
     from torch.distributed.tensor import Replicate, distribute_tensor
 
     conv = (CONV_T if transposed else CONV)[len(x_shape) - 2]
+    mode = kw.pop("padding_mode", "zeros")
+    if mode != "zeros":  # as nn.Conv*d does it: pad first, then an unpadded conv
+        pads = [kw.pop("padding")] * 2 * (len(x_shape) - 2)
+        conv = (lambda c: lambda t, *a, **k: c(F.pad(t, pads, mode=mode), *a, **k))(conv)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(x_shape, generator=gen, dtype=torch.float64)
     w = torch.randn(w_shape, generator=gen, dtype=torch.float64)
@@ -57,7 +61,7 @@ def check(
     gd = distribute_tensor(g, mesh, list(y.placements))
     if wants_grad:
         (y * gd).sum().backward()
-    case = f"{placements} x{x_shape} w{w_shape} bias={bias} {kw}"
+    case = f"{placements} x{x_shape} w{w_shape} bias={bias} {mode} {kw}"
     if not torch.allclose(y.full_tensor(), y_ref):
         return f"forward differs: {case}"
     grads = [("input", xd, ref[0]), ("weight", wd, ref[1])]
@@ -453,3 +457,51 @@ def test_grouped_and_depthwise_convs_stay_channel_sharded() -> None:
     x = distribute_tensor(torch.randn(1, 4, 6, 6, generator=gen), mesh, [Shard(2), Shard(1)])
     w = distribute_tensor(torch.randn(4, 1, 3, 3, generator=gen), mesh, [Replicate(), Shard(0)])
     assert F.conv2d(x, w, padding=1, groups=4).placements == (Shard(2), Shard(1))
+
+
+@pytest.mark.ranks(4)
+def test_random_configurations_on_4_ranks_and_2x2_mesh_property() -> None:
+    """Hypothesis over meshes (1-D of 4, 2x2), placements, padding modes and conv settings."""
+    from hypothesis import Phase, given, settings
+    from hypothesis import strategies as st
+    from torch.distributed.tensor import Replicate, Shard
+
+    meshes = {"4": cpu_mesh(4), "2x2": cpu_mesh((2, 2))}
+
+    @settings(
+        max_examples=50, derandomize=True, deadline=None, database=None, phases=[Phase.generate]
+    )  # no shrinking: every rank must run the same cases
+    @given(st.data())
+    def prop(data: Any) -> None:
+        mesh = meshes[data.draw(st.sampled_from(sorted(meshes)))]
+        nspatial = data.draw(st.integers(1, 3))
+        sizes = [data.draw(st.integers(1, 9 if nspatial < 3 else 5)) for _ in range(nspatial)]
+        kernels = [data.draw(st.integers(1, 4)) for _ in range(nspatial)]
+        dilation, stride = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3))
+        mode = data.draw(st.sampled_from(["zeros", "reflect", "replicate", "circular"]))
+        pad = data.draw(st.integers(0, 2))
+        if mode == "reflect" and pad >= min(sizes) or mode == "circular" and pad > min(sizes):
+            return  # torch rejects these (tested elsewhere)
+        if any(s + 2 * pad < dilation * (k - 1) + 1 for s, k in zip(sizes, kernels)):
+            return
+        dims = data.draw(
+            st.lists(
+                st.sampled_from([None, 0, *range(2, nspatial + 2)]),
+                min_size=mesh.ndim,
+                max_size=mesh.ndim,
+            ).filter(
+                lambda ds: (
+                    len([d for d in ds if d is not None]) == len({d for d in ds if d is not None})
+                )
+            )
+        )
+        placements = [Replicate() if d is None else Shard(d) for d in dims]
+        groups = data.draw(st.sampled_from([1, 2]))
+        x_shape = (2, 2 * groups, *sizes)
+        w_shape = (2 * groups, 2, *kernels)
+        kw = {"padding": pad, "dilation": dilation, "groups": groups, "stride": stride}
+        kw["padding_mode"] = mode
+        problem = check(mesh, placements, x_shape, w_shape, data.draw(st.booleans()), **kw)
+        assert problem is None, problem
+
+    prop()
