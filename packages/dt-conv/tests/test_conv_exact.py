@@ -505,3 +505,29 @@ def test_random_configurations_on_4_ranks_and_2x2_mesh_property() -> None:
         assert problem is None, problem
 
     prop()
+
+
+@pytest.mark.ranks(2)
+def test_other_convs_compute_their_interior_while_halos_travel() -> None:
+    from dt_conv import forward
+    from torch.distributed.tensor import Shard
+
+    taken = []
+    original = forward._interior_first
+
+    def counting(*args: Any) -> Any:
+        out = original(*args)
+        taken.append(out is not None)
+        return out
+
+    forward._interior_first = counting
+    try:
+        cases = [
+            ([Shard(d)], (2, 3, 12, 11), (4, 3, k, k), True, {"padding": p, "stride": st})
+            for d, k, p, st in itertools.product((2, 3), (2, 3, 4), (0, 1, 2), (1, 2))
+        ]
+        cases.append(([Shard(2)], (1, 2, 20), (2, 2, 3), False, {"dilation": 3, "padding": 1}))
+        run_cases(cpu_mesh(2), cases)
+    finally:
+        forward._interior_first = original
+    assert sum(taken) >= 20, taken

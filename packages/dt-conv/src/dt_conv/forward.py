@@ -62,6 +62,8 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
         placements = output_placements(layout, plan.placements)
         groups = local_groups(layout, groups)
         overlapped = _same_conv_overlapped(plan, x.to_local(), w, b, groups)
+        if overlapped is None:
+            overlapped = _interior_first(plan, x.to_local(), w, b, groups)
         if overlapped is not None:
             return as_dtensor(overlapped, plan.mesh, placements, plan.out_shape)
         window = gather_windows(plan.spatial, x.to_local())
@@ -129,6 +131,58 @@ def _same_conv_overlapped(
     if o1 < split.size:  # a neighbour below: fix the last p rows
         rows = pending.rows(n - p, n + 2 * p)
         out.narrow(dim, n - p, p).copy_(conv(rows, padding=plan.local_padding))
+    return out
+
+
+def _interior_first(
+    plan: ConvPlan, local: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, groups: int
+) -> torch.Tensor | None:
+    """Any conv with one sharded dim: interior rows while the halos travel, then borders.
+
+    Interior output rows read only this rank's rows, so they are computed straight from
+    the local shard (a view, no copy) during the exchange; the few border rows at each
+    end are computed from the assembled window afterwards. None if there is no interior.
+    """
+    if len(plan.splits) != 1 or 0 in local.shape:
+        return None
+    split = plan.splits[0]
+    reach = split.reach
+    if not isinstance(reach, Affine):
+        return None
+    rank = plan.mesh.get_local_rank(split.mesh_dim)
+    (o0, o1), (i0, i1), (n0, _) = split.owned_out(rank), split.owned_in(rank), split.needed(rank)
+    stride, offset, extent = reach.stride, reach.offset, reach.extent
+    first = max(o0, -(-(i0 - offset) // stride))  # interior: rows [first, last) read own rows
+    last = min(o1, (i1 - extent - offset) // stride + 1)
+    if last - first < 1 or (first, last) == (o0, o1):
+        return None  # nothing to overlap with, or no halo needed at all
+    pending = PendingWindow(local, split, plan.mesh, 0.0)
+    nspatial = len(plan.stride)
+    conv = functools.partial(
+        aten.convolution,
+        weight=w,
+        bias=b,
+        stride=plan.stride,
+        padding=plan.local_padding,
+        dilation=plan.dilation,
+        transposed=False,
+        output_padding=[0] * nspatial,
+        groups=groups,
+    )
+
+    def reads(start: int, stop: int) -> tuple[int, int]:  # input rows of output rows
+        return start * stride + offset, (stop - 1) * stride + offset + extent
+
+    dim = split.dim
+    lo, hi = reads(first, last)
+    interior = conv(local.narrow(dim, lo - i0, hi - lo))
+    out = interior.new_empty([*interior.shape[:dim], o1 - o0, *interior.shape[dim + 1 :]])
+    out.narrow(dim, first - o0, last - first).copy_(interior)
+    pending.wait()
+    for start, stop in ((o0, first), (last, o1)):
+        if stop > start:
+            lo, hi = reads(start, stop)
+            out.narrow(dim, start - o0, stop - start).copy_(conv(pending.rows(lo - n0, hi - n0)))
     return out
 
 
