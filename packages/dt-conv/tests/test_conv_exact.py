@@ -509,18 +509,24 @@ def test_random_configurations_on_4_ranks_and_2x2_mesh_property() -> None:
 
 @pytest.mark.ranks(2)
 def test_other_convs_compute_their_interior_while_halos_travel() -> None:
-    from dt_conv import forward
+    from dt_conv import backward, forward
     from torch.distributed.tensor import Shard
 
-    taken = []
+    taken, backward_taken = [], []
     original = forward._interior_first
+    original_backward = backward._overlapped_gradients
 
     def counting(*args: Any) -> Any:
         out = original(*args)
         taken.append(out is not None)
         return out
 
+    def counting_backward(*args: Any) -> Any:
+        backward_taken.append(True)
+        return original_backward(*args)
+
     forward._interior_first = counting
+    backward._overlapped_gradients = counting_backward
     try:
         cases = [
             ([Shard(d)], (2, 3, 12, 11), (4, 3, k, k), True, {"padding": p, "stride": st})
@@ -530,4 +536,6 @@ def test_other_convs_compute_their_interior_while_halos_travel() -> None:
         run_cases(cpu_mesh(2), cases)
     finally:
         forward._interior_first = original
+        backward._overlapped_gradients = original_backward
     assert sum(taken) >= 20, taken
+    assert len(backward_taken) == len(cases)  # one sharded dim, both gradients wanted

@@ -11,6 +11,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate
 
 from .channels import (
+    ChannelLayout,
     bias_gradient,
     channel_layout,
     grad_output_placements,
@@ -19,8 +20,8 @@ from .channels import (
     weight_gradient,
 )
 from .fallback import replicated, target_placements, warn_fallback
-from .halo import scatter_add_window
-from .plan import make_plan
+from .halo import PendingScatter, PendingWindow, scatter_add_window
+from .plan import ConvPlan, make_plan
 from .spatial import gather_windows, window_shape
 from .wrap import as_dtensor, bind, like_param, summed
 
@@ -60,9 +61,7 @@ def convolution_backward_handler(
             [stride, padding, dilation, transposed, out_pad, groups, mask],
         )
     layout = channel_layout(x, weight, None, groups)
-    plan = make_plan(
-        x, weight.shape, stride, padding, dilation, transposed, layout.kind in ("in", "group")
-    )
+    plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
         if isinstance(plan, str):
             warn_fallback("convolution_backward", plan)
@@ -80,35 +79,25 @@ def convolution_backward_handler(
         w = local_weight(layout, weight, x)
         groups = local_groups(layout, groups)
         xl = x.to_local()
-        if mask[1]:
-            window = gather_windows(plan.spatial, xl)
-        else:  # grad_input reads only the input's shape
-            window = xl.new_zeros(window_shape(plan.spatial, xl.shape))
-        if window.numel() == 0 or g.numel() == 0:
-            gi = window.new_zeros(window.shape) if mask[0] else None
+        wshape = window_shape(plan.spatial, xl.shape)
+        if 0 in wshape or g.numel() == 0:
+            if mask[1]:  # nothing to compute here, but peers may need this rank's rows
+                gather_windows(plan.spatial, xl)
+            gi = xl.new_zeros(wshape) if mask[0] else None
             gw = w.new_zeros(w.shape) if mask[1] else None
             gb = g.sum([d for d in range(g.ndim) if d != 1]) if mask[2] else None
+            gi = _home(plan, layout, gi)
+        elif len(plan.splits) == 1 and mask[0] and mask[1]:
+            gi, gw, gb = _overlapped_gradients(plan, layout, g, xl, w, bias_sizes, groups, mask)
         else:
-            nspatial = len(plan.stride)
-            gi, gw, gb = aten.convolution_backward(
-                g,
-                window,
-                w,
-                bias_sizes,
-                plan.stride,
-                plan.local_padding,
-                plan.dilation,
-                False,
-                [0] * nspatial,
-                groups,
-                mask,
-            )
+            if mask[1]:
+                window = gather_windows(plan.spatial, xl)
+            else:  # grad_input reads only the input's shape
+                window = xl.new_zeros(()).expand(wshape)
+            gi, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, mask)
+            gi = _home(plan, layout, gi)
         grad_input = grad_weight = grad_bias = None
         if mask[0]:
-            if layout.kind == "out":  # every rank's filters contributed to the input gradient
-                gi = summed(gi, mesh, (layout.mesh_dim,))
-            for split in reversed(plan.splits):
-                gi = scatter_add_window(gi, split, mesh)
             grad_input = as_dtensor(gi, mesh, plan.placements, x.shape)
         if mask[1]:
             gw = summed(gw, mesh, plan.reduce_mesh_dims)
@@ -117,6 +106,70 @@ def convolution_backward_handler(
             gb = summed(gb, mesh, plan.reduce_mesh_dims)
             grad_bias = bias_gradient(layout, gb, bias_sizes, weight, x)
         return grad_input, grad_weight, grad_bias
+
+
+def _local_backward(
+    plan: ConvPlan,
+    g: torch.Tensor,
+    window: torch.Tensor,
+    w: torch.Tensor,
+    bias_sizes: object,
+    groups: int,
+    mask: list[bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    nspatial = len(plan.stride)
+    return aten.convolution_backward(
+        g,
+        window,
+        w,
+        bias_sizes,
+        plan.stride,
+        plan.local_padding,
+        plan.dilation,
+        False,
+        [0] * nspatial,
+        groups,
+        mask,
+    )
+
+
+def _home(plan: ConvPlan, layout: ChannelLayout, gi: torch.Tensor | None) -> torch.Tensor | None:
+    """The window's input gradient summed into the rows this rank owns."""
+    if gi is None:
+        return None
+    if layout.kind == "out":  # every rank's filters contributed to the input gradient
+        gi = summed(gi, plan.mesh, (layout.mesh_dim,))
+    for split in reversed(plan.splits):
+        gi = scatter_add_window(gi, split, plan.mesh)
+    return gi
+
+
+def _overlapped_gradients(
+    plan: ConvPlan,
+    layout: ChannelLayout,
+    g: torch.Tensor,
+    xl: torch.Tensor,
+    w: torch.Tensor,
+    bias_sizes: object,
+    groups: int,
+    mask: list[bool],
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One sharded dim, both gradients wanted: each exchange travels during a computation.
+
+    The input's halo is in flight while grad_input is computed (which reads only the
+    input's shape); grad_input's halo is on its way home while grad_weight is computed
+    from the window that has arrived meanwhile.
+    """
+    split = plan.splits[0]
+    pending_input = PendingWindow(xl, split, plan.mesh, 0.0)
+    shape_only = xl.new_zeros(()).expand(window_shape(plan.spatial, xl.shape))
+    gi, _, _ = _local_backward(plan, g, shape_only, w, bias_sizes, groups, [True, False, False])
+    if layout.kind == "out":
+        gi = summed(gi, plan.mesh, (layout.mesh_dim,))
+    pending_grad = PendingScatter(gi, split, plan.mesh)
+    window = pending_input.wait().full()
+    _, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, [False, True, mask[2]])
+    return pending_grad.finish(), gw, gb
 
 
 def _fallback(

@@ -49,9 +49,7 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
             op_call, x, weight, bias, [stride, padding, dilation, transposed, out_pad, groups]
         )
     layout = channel_layout(x, weight, bias, groups)
-    plan = make_plan(
-        x, weight.shape, stride, padding, dilation, transposed, layout.kind in ("in", "group")
-    )
+    plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
         if isinstance(plan, str):
             warn_fallback("convolution", plan)

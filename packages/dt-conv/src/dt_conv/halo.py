@@ -196,36 +196,54 @@ def gather_window(
     return PendingWindow(local, split, mesh, fill_value).wait().full()
 
 
+class PendingScatter:
+    """Window gradients on their way home (`scatter_add_window` split in two halves).
+
+    The own rows are summed and the sends posted at construction; `finish()` waits and
+    adds what the peers sent. A caller computes something else in between (overlap).
+    """
+
+    def __init__(self, grad_window: torch.Tensor, split: DimSplit, mesh: DeviceMesh) -> None:
+        group, me, ranks = _peers(mesh, split)
+        plan, dim = exchange_plan(split, me), split.dim
+        mine = split.owned_in(me)
+        out = grad_window.new_zeros(_resized(grad_window, dim, mine[1] - mine[0]))
+        back = [grad_window.new_zeros(_resized(grad_window, dim, n)) for _, n in plan.recvs]
+        offset = 0
+        for seg in plan.segments:
+            part = grad_window.narrow(dim, offset, seg.length)
+            offset += seg.length
+            if seg.source == FILL:
+                continue
+            target = out if seg.source == OWN else back[seg.source]
+            first, length = seg.rows()
+            target.narrow(dim, first, length).add_(part.flip(dim) if seg.step < 0 else part)
+        ops = [
+            dist.P2POp(dist.isend, b, ranks[r], group)
+            for (r, _), b in zip(plan.recvs, back, strict=True)
+        ]
+        self.received = [
+            grad_window.new_empty(_resized(grad_window, dim, len(rows))) for _, rows in plan.sends
+        ]
+        ops += [
+            dist.P2POp(dist.irecv, buf, ranks[r], group)
+            for (r, _), buf in zip(plan.sends, self.received, strict=True)
+        ]
+        _count(ops)
+        self.requests = dist.batch_isend_irecv(ops) if ops else []
+        self.out, self.dim, self.sends, self.keep = out, dim, plan.sends, back
+
+    def finish(self) -> torch.Tensor:
+        """This rank's rows of the gradient, everyone's contributions summed."""
+        for req in self.requests:
+            req.wait()
+        for (_, rows), buf in zip(self.sends, self.received, strict=True):
+            self.out.index_add_(self.dim, torch.tensor(rows, device=self.out.device), buf)
+        return self.out
+
+
 def scatter_add_window(
     grad_window: torch.Tensor, split: DimSplit, mesh: DeviceMesh
 ) -> torch.Tensor:
     """Adjoint of `gather_window`: send window gradients home and sum them per owned row."""
-    group, me, ranks = _peers(mesh, split)
-    plan, dim = exchange_plan(split, me), split.dim
-    mine = split.owned_in(me)
-    out = grad_window.new_zeros(_resized(grad_window, dim, mine[1] - mine[0]))
-    back = [grad_window.new_zeros(_resized(grad_window, dim, n)) for _, n in plan.recvs]
-    offset = 0
-    for seg in plan.segments:
-        part = grad_window.narrow(dim, offset, seg.length)
-        offset += seg.length
-        if seg.source == FILL:
-            continue
-        target = out if seg.source == OWN else back[seg.source]
-        first, length = seg.rows()
-        target.narrow(dim, first, length).add_(part.flip(dim) if seg.step < 0 else part)
-    ops = [
-        dist.P2POp(dist.isend, b, ranks[r], group)
-        for (r, _), b in zip(plan.recvs, back, strict=True)
-    ]
-    received = [
-        grad_window.new_empty(_resized(grad_window, dim, len(rows))) for _, rows in plan.sends
-    ]
-    ops += [
-        dist.P2POp(dist.irecv, buf, ranks[r], group)
-        for (r, _), buf in zip(plan.sends, received, strict=True)
-    ]
-    _run(ops)
-    for (_, rows), buf in zip(plan.sends, received, strict=True):
-        out.index_add_(dim, torch.tensor(rows, device=out.device), buf)
-    return out
+    return PendingScatter(grad_window, split, mesh).finish()
