@@ -6,6 +6,7 @@ all three gradients are compared in float64 against plain torch on the full tens
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Any
 
@@ -150,8 +151,26 @@ def test_thin_and_empty_shards_on_4_ranks() -> None:
     run_cases(mesh, cases)
 
 
+@contextlib.contextmanager
+def counting(module: Any, name: str) -> Any:
+    """Record, per call of `module.name`, whether it returned something (a path taken)."""
+    original, taken = getattr(module, name), []
+
+    def wrapper(*args: Any) -> Any:
+        out = original(*args)
+        taken.append(out is not None)
+        return out
+
+    setattr(module, name, wrapper)
+    try:
+        yield taken
+    finally:
+        setattr(module, name, original)
+
+
 @pytest.mark.ranks(4)
 def test_several_sharded_dims_on_a_2x2_mesh() -> None:
+    from dt_conv import forward
     from torch.distributed.tensor import Replicate, Shard
 
     mesh = cpu_mesh((2, 2))
@@ -180,7 +199,9 @@ def test_several_sharded_dims_on_a_2x2_mesh() -> None:
             {"padding": 1, "groups": 2, "stride": 2},
         )
     )
-    run_cases(mesh, cases)
+    with counting(forward, "_interior_first") as taken:
+        run_cases(mesh, cases)
+    assert sum(taken) >= 20, taken  # interior computed during the exchange on two dims
 
 
 @pytest.mark.ranks(2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate
@@ -16,7 +17,7 @@ from .channels import (
 )
 from .fallback import replicated, target_placements, warn_fallback
 from .geometry import Affine
-from .halo import PendingWindow
+from .halo import PendingWindow, gather_window
 from .plan import ConvPlan, make_plan
 from .spatial import gather_windows
 from .wrap import as_dtensor, bind, replicated_local
@@ -132,29 +133,53 @@ def _same_conv_overlapped(
     return out
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """One sharded dim of a conv, from this rank's point of view."""
+
+    dim: int
+    reach: Affine
+    owned: tuple[int, int]  # output rows this rank owns
+    interior: tuple[int, int]  # those reading only this rank's input rows
+    own_start: int  # first input row this rank holds
+    window_start: int  # first (virtual) input row of its window
+
+    def reads(self, start: int, stop: int) -> tuple[int, int]:
+        """Input rows output rows [start, stop) read."""
+        r = self.reach
+        return start * r.stride + r.offset, (stop - 1) * r.stride + r.offset + r.extent
+
+
+def _rows(plan: ConvPlan) -> list[_Rows] | None:
+    rows = []
+    for split in plan.splits:
+        reach = split.reach
+        if not isinstance(reach, Affine):
+            return None
+        rank = plan.spatial.local_rank(split)
+        (o0, o1), (i0, i1) = split.owned_out(rank), split.owned_in(rank)
+        first = max(o0, -(-(i0 - reach.offset) // reach.stride))
+        last = min(o1, (i1 - reach.extent - reach.offset) // reach.stride + 1)
+        if last - first < 1:
+            return None
+        rows.append(_Rows(split.dim, reach, (o0, o1), (first, last), i0, split.needed(rank)[0]))
+    return rows
+
+
 def _interior_first(
     plan: ConvPlan, local: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, groups: int
 ) -> torch.Tensor | None:
-    """Any conv with one sharded dim: interior rows while the halos travel, then borders.
+    """Any conv on sharded dims: the interior while the halos travel, then the borders.
 
-    Interior output rows read only this rank's rows, so they are computed straight from
-    the local shard (a view, no copy) during the exchange; the few border rows at each
-    end are computed from the assembled window afterwards. None if there is no interior.
+    Interior output rows read only this rank's input rows (on every sharded dim), so they
+    are computed straight from a view of the local shard while the first dim's halos
+    travel; the frame around them is computed from the assembled window afterwards, one
+    slab per side and dim. None if there is no interior, or no halo is needed at all.
     """
-    if len(plan.splits) != 1 or 0 in local.shape:
+    rows = _rows(plan) if plan.splits and 0 not in local.shape else None
+    if rows is None or all(r.interior == r.owned for r in rows):
         return None
-    split = plan.splits[0]
-    reach = split.reach
-    if not isinstance(reach, Affine):
-        return None
-    rank = plan.mesh.get_local_rank(split.mesh_dim)
-    (o0, o1), (i0, i1), (n0, _) = split.owned_out(rank), split.owned_in(rank), split.needed(rank)
-    stride, offset, extent = reach.stride, reach.offset, reach.extent
-    first = max(o0, -(-(i0 - offset) // stride))  # interior: rows [first, last) read own rows
-    last = min(o1, (i1 - extent - offset) // stride + 1)
-    if last - first < 1 or (first, last) == (o0, o1):
-        return None  # nothing to overlap with, or no halo needed at all
-    pending = PendingWindow(local, split, plan.mesh, 0.0)
+    pending = PendingWindow(local, plan.splits[0], plan.mesh, 0.0)
     nspatial = len(plan.stride)
     conv = functools.partial(
         aten.convolution,
@@ -167,20 +192,45 @@ def _interior_first(
         output_padding=[0] * nspatial,
         groups=groups,
     )
+    view = local
+    for r in rows:
+        lo, hi = r.reads(*r.interior)
+        view = view.narrow(r.dim, lo - r.own_start, hi - lo)
+    interior = conv(view)
+    shape = list(interior.shape)
+    for r in rows:
+        shape[r.dim] = r.owned[1] - r.owned[0]
+    out = interior.new_empty(shape)
+    _block(out, rows, [r.interior for r in rows]).copy_(interior)
+    if len(rows) == 1:  # assemble only the border rows of the window
+        r = rows[0]
+        pending.wait()
+        window_rows = lambda lo, hi: pending.rows(lo - r.window_start, hi - r.window_start)  # noqa: E731
+    else:  # later dims exchange the earlier dims' windows (corners included)
+        window = pending.wait().full()
+        for split in plan.splits[1:]:
+            window = gather_window(window, split, plan.mesh, 0.0)
+        window_rows = None
+    for k, r in enumerate(rows):  # the frame: before/after the interior along dim k
+        for side in ((r.owned[0], r.interior[0]), (r.interior[1], r.owned[1])):
+            if side[1] <= side[0]:
+                continue
+            region = [q.interior for q in rows[:k]] + [side] + [q.owned for q in rows[k + 1 :]]
+            if window_rows is not None:
+                piece = window_rows(*r.reads(*side))
+            else:
+                piece = window
+                for q, (start, stop) in zip(rows, region, strict=True):
+                    lo, hi = q.reads(start, stop)
+                    piece = piece.narrow(q.dim, lo - q.window_start, hi - lo)
+            _block(out, rows, region).copy_(conv(piece))
+    return out
 
-    def reads(start: int, stop: int) -> tuple[int, int]:  # input rows of output rows
-        return start * stride + offset, (stop - 1) * stride + offset + extent
 
-    dim = split.dim
-    lo, hi = reads(first, last)
-    interior = conv(local.narrow(dim, lo - i0, hi - lo))
-    out = interior.new_empty([*interior.shape[:dim], o1 - o0, *interior.shape[dim + 1 :]])
-    out.narrow(dim, first - o0, last - first).copy_(interior)
-    pending.wait()
-    for start, stop in ((o0, first), (last, o1)):
-        if stop > start:
-            lo, hi = reads(start, stop)
-            out.narrow(dim, start - o0, stop - start).copy_(conv(pending.rows(lo - n0, hi - n0)))
+def _block(out: torch.Tensor, rows: list[_Rows], region: list[tuple[int, int]]) -> torch.Tensor:
+    """The part of this rank's output block holding output rows `region` (one per dim)."""
+    for r, (start, stop) in zip(rows, region, strict=True):
+        out = out.narrow(r.dim, start - r.owned[0], stop - start)
     return out
 
 
