@@ -38,10 +38,12 @@ class AttentionSpec:
     attn_mask: torch.Tensor | None = None  # additive float or bool, broadcast to (B,H,L,S)
     score_mod: Callable[..., torch.Tensor] | None = None
     mask_mod: Callable[..., torch.Tensor] | None = None
-    native: bool = False
+    native: bool = False  # use torch's fused CPU kernel (no score_mod / mask_mod)
     score_mod_vjp: Callable[..., torch.Tensor] | None = None  # (raw, b, h, q, kv, grad)
     batch_offset: int = 0  # global index of the first local batch row (score/mask mods)
-    head_offset: int = 0  # use torch's fused CPU kernel (no score_mod / mask_mod)
+    head_offset: int = 0  # global index of the first local head
+    # (q0, qn, k0, kn) -> whether a BlockMask lists any block of the pair (None: all run)
+    visible: Callable[[int, int, int, int], bool] | None = None
 
 
 def with_offsets(ranges: list[Range], max_rows: int | None = None) -> list[tuple[int, int, int]]:
@@ -328,8 +330,9 @@ def _pairs(spec: AttentionSpec, q_ranges: list[Range], kv_ranges: list[Range]):
     for ql, q0, qn in with_offsets(q_ranges):
         for kl, k0, kn in with_offsets(kv_ranges):
             rel = relation(spec, q0, qn, k0, kn)
-            if rel != "skip":
-                yield ql, kl, rel, (q0, qn, k0, kn)
+            if rel == "skip" or (spec.visible is not None and not spec.visible(q0, qn, k0, kn)):
+                continue
+            yield ql, kl, rel, (q0, qn, k0, kn)
 
 
 def block_forward(
