@@ -100,7 +100,7 @@ def allgather_backward(
 
 # Rows of K/V per message. Blocks travel in chunks of at most this many rows, so a rank
 # holds its own block plus a few chunks, whatever the sequence length.
-RING_CHUNK_ROWS = 1024
+RING_CHUNK_ROWS = 512
 
 
 def _block_buffers(k: torch.Tensor, v: torch.Tensor, n: int) -> list[torch.Tensor]:
