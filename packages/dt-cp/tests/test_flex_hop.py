@@ -95,3 +95,43 @@ def test_deprecated_install_flex_rule_still_works_and_is_undone() -> None:
     finally:
         dt_cp.remove_flex_rule()
     assert (hop.python_key_table[DTensor], hop_b.python_key_table[DTensor]) == plugin_rules
+
+
+@pytest.mark.ranks(2)
+def test_torch_flex_attention_with_captured_tensors_under_implicit_replication() -> None:
+    """A document mask indexing a captured plain tensor, document-balanced, via torch's
+    front end: torch traces the mod with DTensor indices, which `implicit_replication`
+    (public torch API) lets index the plain tensor."""
+    import dt_cp
+    from torch.distributed.tensor.experimental import implicit_replication
+    from torch.nn.attention.flex_attention import flex_attention
+
+    mesh = cpu_mesh(2)
+    lengths = (5, 2, 7)
+    s = sum(lengths)
+    doc = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
+
+    def mask_mod(b, h, qi, ki):
+        return (doc[qi] == doc[ki]) & (ki <= qi)
+
+    def zero(score, b, h, qi, ki):
+        return score
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, g = (torch.randn(1, 2, s, 8, generator=gen, dtype=torch.float64) for _ in "qkvg")
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = dense(*ref, zero, mask_mod)
+    (want * g).sum().backward()
+    block_mask = dt_cp.create_block_mask(mask_mod, None, None, s, s, BLOCK_SIZE=4)
+    with dt_cp.settings(load_balancer="document", documents=lengths):
+        leaves = [dt_cp.shard_sequence(t, mesh, 2).requires_grad_() for t in (q, k, v)]
+        with implicit_replication():
+            out = flex_attention(*leaves, block_mask=block_mask)
+        (out * dt_cp.shard_sequence(g, mesh, 2)).sum().backward()
+        torch.testing.assert_close(
+            dt_cp.unshard_sequence(out, 2), want.detach(), atol=1e-10, rtol=0
+        )
+        for got, r in zip(leaves, ref, strict=True):
+            torch.testing.assert_close(
+                dt_cp.unshard_sequence(got.grad, 2), r.grad, atol=1e-10, rtol=0
+            )

@@ -64,6 +64,8 @@ def test_plugin_is_listed() -> None:
     assert info.state == "active", info.reason
     assert "dt_cp::all_gather_seq" in info.ops
     assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in info.ops
+    assert "hop flex_attention[DTensor]" in info.ops
+    assert "hop flex_attention_backward[DTensor]" in info.ops
 
 
 @pytest.mark.ranks(2)
