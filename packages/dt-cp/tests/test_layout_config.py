@@ -52,6 +52,10 @@ def test_settings_precedence(monkeypatch) -> None:
         assert s == dt_cp.current()
         assert (s.algorithm, s.load_balancer) == ("allgather", "head_tail")
     assert dt_cp.current().algorithm == "ring"
+    with dt_cp.settings(load_balancer="document", documents=[3, 4]) as s:
+        assert (s.load_balancer, s.documents) == ("document", (3, 4))
+        with dt_cp.settings(algorithm="allgather") as inner:
+            assert inner.documents == (3, 4)  # kept unless given again
     dt_cp.reset()
     with pytest.raises(ValueError, match="algorithm"):
         dt_cp.configure(algorithm="fast")

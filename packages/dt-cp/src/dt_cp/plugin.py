@@ -1,4 +1,5 @@
-"""Hookimpls of the `cp` plugin.
+"""Hookimpls of the `cp` plugin: SDPA op handlers, the sequence collectives, and rules for
+torch's flex_attention higher-order operators (so its own front end takes DTensors).
 
 Light at import: handler modules import `torch.distributed.tensor`, whose first import
 triggers the DTensor hooks, so they load on the first attention call instead.
