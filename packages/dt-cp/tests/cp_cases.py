@@ -29,6 +29,7 @@ def compare(
     seed: int = 0,
     balancer: str = "none",
     atol: float = 1e-10,
+    documents: tuple[int, ...] | None = None,
 ) -> str | None:
     """Run `attend` on sharded DTensors and `reference` on full tensors; describe mismatch."""
     import dt_cp
@@ -38,7 +39,7 @@ def compare(
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
     y_ref = reference(*ref)
     (y_ref * g).sum().backward()
-    with dt_cp.settings(load_balancer=balancer):
+    with dt_cp.settings(load_balancer=balancer, documents=documents):
         qd, kd, vd = (dt_cp.shard_sequence(t, mesh, 2).requires_grad_() for t in (q, k, v))
         y = attend(qd, kd, vd)
         if tuple(y.placements) != (Shard(2),):

@@ -1,8 +1,9 @@
-"""torch's own flex_attention on sequence-sharded DTensors, through dt-cp's HOP rule.
+"""torch's own flex_attention on sequence-sharded DTensors, through dt-cp's HOP rules.
 
-torch 2.13's front end refuses flex backward on CPU, so the front end is checked forward
-only; forward and backward of the HOP rule are checked by calling the operator directly
-(what the front end does on CUDA), against a dense float64 reference.
+No opt-in call: the plugin contributes the rules through dt-core's `dt_hop_rules` hook.
+Forward and backward through torch's front end (on CPU, where torch itself refuses
+backward for plain tensors) and through the operator itself, against a dense float64
+reference.
 """
 
 from __future__ import annotations
@@ -49,24 +50,92 @@ def test_torch_flex_attention_on_dtensors() -> None:
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
     want = dense(*ref, score_mod, mask_mod)
     (want * g).sum().backward()
-    dt_cp.install_flex_rule()
-    try:
-        for algorithm, balancer in (("ring", "head_tail"), ("allgather", "none")):
-            with dt_cp.settings(algorithm=algorithm, load_balancer=balancer):
-                qd, kd, vd, gd = (dt_cp.shard_sequence(t, mesh, 2) for t in (q, k, v, g))
-                out = flex_attention(qd, kd, vd, score_mod=score_mod, block_mask=block_mask)
-                torch.testing.assert_close(
-                    dt_cp.unshard_sequence(out, 2), want.detach(), atol=1e-10, rtol=0
-                )
-                # Forward and backward through the operator itself (autograd + our rules).
-                leaves = [t.requires_grad_() for t in (qd, kd, vd)]
-                out2, _, _ = hop(*leaves, score_mod, block_mask.as_tuple(), 1 / math.sqrt(8), {})
+    for algorithm, balancer in (("ring", "head_tail"), ("allgather", "none")):
+        with dt_cp.settings(algorithm=algorithm, load_balancer=balancer):
+            qd, kd, vd, gd = (dt_cp.shard_sequence(t, mesh, 2) for t in (q, k, v, g))
+            # torch's front end, no gradients
+            out = flex_attention(qd, kd, vd, score_mod=score_mod, block_mask=block_mask)
+            torch.testing.assert_close(
+                dt_cp.unshard_sequence(out, 2), want.detach(), atol=1e-10, rtol=0
+            )
+            # torch's front end with gradients, then the operator itself
+            for call in ("front end", "operator"):
+                leaves = [t.detach().requires_grad_() for t in (qd, kd, vd)]
+                if call == "front end":
+                    out2 = flex_attention(*leaves, score_mod=score_mod, block_mask=block_mask)
+                else:
+                    args = (score_mod, block_mask.as_tuple(), 1 / math.sqrt(8), {})
+                    out2, _, _ = hop(*leaves, *args)
                 (out2 * gd).sum().backward()
+                torch.testing.assert_close(
+                    dt_cp.unshard_sequence(out2, 2), want.detach(), atol=1e-10, rtol=0
+                )
                 for got, r in zip(leaves, ref, strict=True):
                     torch.testing.assert_close(
                         dt_cp.unshard_sequence(got.grad, 2), r.grad, atol=1e-10, rtol=0
                     )
+    # Plain CPU tensors that need gradients: torch's own refusal is untouched.
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        flex_attention(*(t.clone().requires_grad_() for t in (q, k, v)), block_mask=block_mask)
+
+
+@pytest.mark.ranks(2)
+def test_deprecated_install_flex_rule_still_works_and_is_undone() -> None:
+    import dt_cp
+    from dt_core.compat.attention import flex_attention_hops
+    from dt_cp.flex_hop import hop_forward
+    from torch.distributed.tensor import DTensor
+
+    hop, hop_b = flex_attention_hops()
+    plugin_rules = (hop.python_key_table[DTensor], hop_b.python_key_table[DTensor])
+    with pytest.warns(DeprecationWarning, match="no longer needed"):
+        dt_cp.install_flex_rule()
+    try:
+        assert hop.python_key_table[DTensor] is hop_forward
     finally:
         dt_cp.remove_flex_rule()
-    with pytest.raises(Exception):  # noqa: B017 - torch's own error, whatever its type
-        flex_attention(qd.detach(), kd.detach(), vd.detach(), block_mask=block_mask)
+    assert (hop.python_key_table[DTensor], hop_b.python_key_table[DTensor]) == plugin_rules
+
+
+@pytest.mark.ranks(2)
+def test_torch_flex_attention_with_captured_tensors_under_implicit_replication() -> None:
+    """A document mask indexing a captured plain tensor, document-balanced, via torch's
+    front end: torch traces the mod with DTensor indices, which `implicit_replication`
+    (public torch API) lets index the plain tensor."""
+    import dt_cp
+    from torch.distributed.tensor.experimental import implicit_replication
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # Ranks are reused across tests: after torch's front end has compiled for other shapes
+    # it compiles with dynamic shapes, and then indexing the captured tensor with DTensor
+    # indices fails inside torch (symbolic sizes); start from a clean compile cache.
+    torch.compiler.reset()
+    mesh = cpu_mesh(2)
+    lengths = (5, 2, 7)
+    s = sum(lengths)
+    doc = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
+
+    def mask_mod(b, h, qi, ki):
+        return (doc[qi] == doc[ki]) & (ki <= qi)
+
+    def zero(score, b, h, qi, ki):
+        return score
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, g = (torch.randn(1, 2, s, 8, generator=gen, dtype=torch.float64) for _ in "qkvg")
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = dense(*ref, zero, mask_mod)
+    (want * g).sum().backward()
+    block_mask = dt_cp.create_block_mask(mask_mod, None, None, s, s, BLOCK_SIZE=4)
+    with dt_cp.settings(load_balancer="document", documents=lengths):
+        leaves = [dt_cp.shard_sequence(t, mesh, 2).requires_grad_() for t in (q, k, v)]
+        with implicit_replication():
+            out = flex_attention(*leaves, block_mask=block_mask)
+        (out * dt_cp.shard_sequence(g, mesh, 2)).sum().backward()
+        torch.testing.assert_close(
+            dt_cp.unshard_sequence(out, 2), want.detach(), atol=1e-10, rtol=0
+        )
+        for got, r in zip(leaves, ref, strict=True):
+            torch.testing.assert_close(
+                dt_cp.unshard_sequence(got.grad, 2), r.grad, atol=1e-10, rtol=0
+            )

@@ -52,6 +52,10 @@ def test_settings_precedence(monkeypatch) -> None:
         assert s == dt_cp.current()
         assert (s.algorithm, s.load_balancer) == ("allgather", "head_tail")
     assert dt_cp.current().algorithm == "ring"
+    with dt_cp.settings(load_balancer="document", documents=[3, 4]) as s:
+        assert (s.load_balancer, s.documents) == ("document", (3, 4))
+        with dt_cp.settings(algorithm="allgather") as inner:
+            assert inner.documents == (3, 4)  # kept unless given again
     dt_cp.reset()
     with pytest.raises(ValueError, match="algorithm"):
         dt_cp.configure(algorithm="fast")
@@ -64,6 +68,8 @@ def test_plugin_is_listed() -> None:
     assert info.state == "active", info.reason
     assert "dt_cp::all_gather_seq" in info.ops
     assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in info.ops
+    assert "hop flex_attention[DTensor]" in info.ops
+    assert "hop flex_attention_backward[DTensor]" in info.ops
 
 
 @pytest.mark.ranks(2)

@@ -18,7 +18,13 @@ from .activation import (  # noqa: E402
     register_plugin,
     unregister_plugin,
 )
-from .contributions import GraphPass, LibraryOps, OpHandler, ShardingStrategy  # noqa: E402
+from .contributions import (  # noqa: E402
+    GraphPass,
+    HopRule,
+    LibraryOps,
+    OpHandler,
+    ShardingStrategy,
+)
 from .errors import DtPluginError, PluginConflictError, UnsupportedTorchError  # noqa: E402
 from .hookspecs import hookimpl  # noqa: E402
 from .records import PluginInfo  # noqa: E402
@@ -26,6 +32,7 @@ from .records import PluginInfo  # noqa: E402
 __all__ = [
     "DtPluginError",
     "GraphPass",
+    "HopRule",
     "LibraryOps",
     "OpHandler",
     "PluginConflictError",

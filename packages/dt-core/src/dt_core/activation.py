@@ -1,10 +1,11 @@
 """Activation: collect plugins' contributions and install them into torch, or take them out.
 
 Contributions are installed in parts, each when the torch module it targets is loaded:
-library ops right away, DTensor handlers and strategies when `torch.distributed.tensor`
-is imported, graph passes when `torch._inductor.config` is. `activate(lazy=True)` (what
-autoload does) arms those imports; `activate()` installs every part now. Every change is
-recorded with the value it replaced, so `deactivate()` restores exactly what was there.
+library ops right away, DTensor handlers, strategies and higher-order-operator rules
+when `torch.distributed.tensor` is imported, graph passes when `torch._inductor.config`
+is. `activate(lazy=True)` (what autoload does) arms those imports; `activate()` installs
+every part now. Every change is recorded with the value it replaced, so `deactivate()`
+restores exactly what was there.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ _HOOK_FIELDS = {
     LIBRARY_PART: ("dt_library_ops", "library_ops"),
     DTENSOR_TRIGGER: ("dt_op_handlers", "op_handlers"),
     "strategies": ("dt_sharding_strategies", "strategies"),
+    "hop_rules": ("dt_hop_rules", "hop_rules"),
     INDUCTOR_TRIGGER: ("dt_graph_passes", "graph_passes"),
 }
 
@@ -164,14 +166,15 @@ def _collect(field: str) -> None:
 
 
 def _fields_of(part: str) -> tuple[str, ...]:
-    return (DTENSOR_TRIGGER, "strategies") if part == DTENSOR_TRIGGER else (part,)
+    return (DTENSOR_TRIGGER, "strategies", "hop_rules") if part == DTENSOR_TRIGGER else (part,)
 
 
 def _claims(part: str, record: PluginRecord) -> list[str]:
     if part == LIBRARY_PART:
         return [name for lib in record.library_ops or () for name in lib.ops]
     if part == DTENSOR_TRIGGER:
-        return [str(c.op) for c in [*(record.op_handlers or ()), *(record.strategies or ())]]
+        ops = [str(c.op) for c in [*(record.op_handlers or ()), *(record.strategies or ())]]
+        return ops + [rule.claim() for rule in record.hop_rules or ()]
     return record.pass_names()
 
 
@@ -237,6 +240,13 @@ def _install_dtensor(record: PluginRecord) -> list[Callable[[], None]]:
         undo.append(
             lambda op=strategy.op, kind=kind, previous=previous: compat.restore_sharding_strategy(
                 op, kind, previous
+            )
+        )
+    for rule in record.hop_rules or ():
+        previous = compat.swap_hop_rule(rule.hop, rule.subclass, rule.fn)
+        undo.append(
+            lambda rule=rule, previous=previous: compat.swap_hop_rule(
+                rule.hop, rule.subclass, previous
             )
         )
     return undo
@@ -362,7 +372,7 @@ def deactivate() -> None:
                 record.state = "inactive"
             # Re-collect on the next activate: ops a plugin defines are new objects then.
             record.op_handlers = record.strategies = record.library_ops = None
-            record.graph_passes = None
+            record.graph_passes = record.hop_rules = None
         if errors:
             warnings.warn(
                 "dt-core: deactivate could not undo: " + "; ".join(errors),

@@ -30,6 +30,27 @@ class OpHandler:
 
 
 @dataclass(frozen=True)
+class HopRule:
+    """A rule for a higher-order operator (e.g. torch's flex_attention) on a tensor subclass.
+
+    When `hop` (a `torch._ops.HigherOrderOperator`) is called with a `subclass` argument
+    (None: DTensor), `fn(*args, **kwargs)` runs instead of raising "no rule registered",
+    as `hop.py_impl(subclass)` would do. Installed with the DTensor part; `deactivate()`
+    puts back whatever rule was registered before.
+    """
+
+    hop: Any
+    fn: Callable[..., object]
+    subclass: Any = None
+
+    def claim(self) -> str:
+        """The name conflicts and `dt-plugins list` use: hop name and subclass name."""
+        hop_name = getattr(self.hop, "_name", None) or str(self.hop)
+        subclass_name = "DTensor" if self.subclass is None else self.subclass.__name__
+        return f"hop {hop_name}[{subclass_name}]"
+
+
+@dataclass(frozen=True)
 class ShardingStrategy:
     """A sharding strategy (or propagation rule) for `op` in DTensor's sharding propagator.
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pluggy
 
-from .contributions import GraphPass, LibraryOps, OpHandler, ShardingStrategy
+from .contributions import GraphPass, HopRule, LibraryOps, OpHandler, ShardingStrategy
 
 PROJECT = "dt"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -22,6 +22,11 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 @hookspec
 def dt_op_handlers() -> Sequence[OpHandler]:
     """Ops whose whole DTensor dispatch the plugin takes over."""
+
+
+@hookspec
+def dt_hop_rules() -> Sequence[HopRule]:
+    """Higher-order-operator rules for tensor subclasses (installed with DTensor's part)."""
 
 
 @hookspec

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .contributions import GraphPass, LibraryOps, OpHandler, ShardingStrategy
+from .contributions import GraphPass, HopRule, LibraryOps, OpHandler, ShardingStrategy
 
 State = Literal["active", "pending", "inactive", "disabled", "failed"]
 
@@ -24,13 +24,15 @@ class PluginRecord:
     strategies: list[ShardingStrategy] | None = None
     library_ops: list[LibraryOps] | None = None
     graph_passes: list[GraphPass] | None = None
+    hop_rules: list[HopRule] | None = None
     warned: bool = field(default=False, repr=False)
 
     def claimed_ops(self) -> list[str]:
-        """Op names this plugin claims (handlers, strategies, library registrations)."""
+        """Names this plugin claims (handlers, strategies, library ops, HOP rules)."""
         names = [str(h.op) for h in self.op_handlers or ()]
         names += [str(s.op) for s in self.strategies or ()]
         names += [name for lib in self.library_ops or () for name in lib.ops]
+        names += [rule.claim() for rule in self.hop_rules or ()]
         return names
 
     def pass_names(self) -> list[str]:

@@ -5,9 +5,10 @@ the exact attention of the local queries over the whole sequence, plus the gradi
 
 all-gather: gather K/V once (`dt_cp::all_gather_seq`), attend, and in backward gather
 again and reduce-scatter dK/dV. Holds the whole K/V on every rank while it runs.
-ring: K/V blocks travel around the ring (send the next while computing the current),
-merged by log-sum-exp; backward sends the blocks round again with their dK/dV
-accumulators, so no rank ever holds more than two K/V blocks (O(S/P)).
+ring: each rank attends to its own block, then receives every other rank's block straight
+from its owner in chunks (the next chunk in flight while the current one is computed),
+merged by log-sum-exp; backward receives the chunks again and sends each chunk's dK/dV
+share straight home. A rank holds its own block and a few chunks: no foreign block whole.
 """
 
 from __future__ import annotations
@@ -97,36 +98,82 @@ def allgather_backward(
 
 # --- ring -------------------------------------------------------------------------------
 
+# Rows of K/V per message. Blocks travel in chunks of at most this many rows, so a rank
+# holds its own block plus a few chunks, whatever the sequence length.
+RING_CHUNK_ROWS = 512
+
 
 def _block_buffers(k: torch.Tensor, v: torch.Tensor, n: int) -> list[torch.Tensor]:
     return [k.new_empty(_kv_shape(k, n)), v.new_empty(_kv_shape(v, n))]
 
 
+def _chunk_count(sizes: list[int]) -> int:
+    """Chunks per block, the same on every rank (chunks of shorter blocks are shorter)."""
+    return max(1, -(-max(sizes) // RING_CHUNK_ROWS))
+
+
+def _chunk_bounds(n: int, chunks: int) -> list[int]:
+    return [n * i // chunks for i in range(chunks + 1)]
+
+
+def _slice_ranges(ranges: list[Range], lo: int, hi: int) -> list[Range]:
+    """Global ranges of local rows [lo, hi) of a block laid out as `ranges`."""
+    out, offset = [], 0
+    for start, n in ranges:
+        a, b = max(lo, offset), min(hi, offset + n)
+        if a < b:
+            out.append((start + a - offset, b - a))
+        offset += n
+    return out
+
+
+def _ring_items(shards: Shards) -> list[tuple[int, int, int, int, int]]:
+    """(step, source rank, chunk, first row, end row) of every foreign K/V chunk, in order.
+
+    At step s a rank receives the block of rank - s straight from its owner (and sends
+    its own block to rank + s), chunk by chunk, so nothing is relayed and no rank ever
+    holds a foreign block whole.
+    """
+    sizes = shards.kv_layout.sizes()
+    chunks = _chunk_count(sizes)
+    items = []
+    for step in range(1, shards.parts):
+        source = (shards.rank - step) % shards.parts
+        bounds = _chunk_bounds(sizes[source], chunks)
+        for c in range(chunks):
+            items.append((step, source, c, bounds[c], bounds[c + 1]))
+    return items
+
+
+def _post_chunk(
+    shards: Shards, pg: dist.ProcessGroup, k: torch.Tensor, v: torch.Tensor, item: tuple
+) -> RingStep:
+    """Send this rank's chunk for `item` to rank + step; receive the item's chunk."""
+    step, _source, c, lo, hi = item
+    mine = _chunk_bounds(k.shape[2], _chunk_count(shards.kv_layout.sizes()))
+    a, b = mine[c], mine[c + 1]
+    send = [k[:, :, a:b], v[:, :, a:b]]
+    return RingStep(send, _block_buffers(k, v, hi - lo), pg, tag=1, shift=step)
+
+
 def ring_forward(
     spec: AttentionSpec, shards: Shards, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """P steps; the next K/V block is in flight while the current one is computed."""
+    """Own block first, then every other rank's block chunk by chunk (next one in flight)."""
     pg = group_of(shards.group)
-    sizes = shards.kv_layout.sizes()
-    parts = shards.parts
     acc = Accumulator(q, v.shape[-1])
     q_ranges = shards.q_ranges()
-    owner = shards.rank
-    current = [k, v]
-    for step in range(parts):
-        incoming = None
-        if step < parts - 1:
-            recv = _block_buffers(k, v, sizes[(owner - 1) % parts])
-            incoming = RingStep(current, recv, pg, tag=1)
-        block_forward(spec, acc, q, q_ranges, *current, shards.kv_layout.ranges(owner))
-        if incoming is not None:
-            current = incoming.wait()
-            owner = (owner - 1) % parts
+    items = _ring_items(shards)
+    incoming = _post_chunk(shards, pg, k, v, items[0]) if items else None
+    block_forward(spec, acc, q, q_ranges, k, v, shards.kv_layout.ranges(shards.rank))
+    for i, item in enumerate(items):
+        current = incoming.wait() if incoming is not None else []
+        incoming = _post_chunk(shards, pg, k, v, items[i + 1]) if i + 1 < len(items) else None
+        _, source, _, lo, hi = item
+        ranges = _slice_ranges(shards.kv_layout.ranges(source), lo, hi)
+        block_forward(spec, acc, q, q_ranges, *current, ranges)
+        del current
     return acc.out.to(q.dtype), acc.lse, acc.max
-
-
-def _numel(like: torch.Tensor, n: int) -> int:
-    return like.shape[0] * like.shape[1] * n * like.shape[3]
 
 
 def ring_backward(
@@ -139,51 +186,46 @@ def ring_backward(
     out: torch.Tensor,
     lse: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Blocks go round again; each carries its dK/dV accumulator, which ends at its owner.
+    """K/V chunks come again; each chunk's dK/dV share goes straight back to its owner.
 
-    Per rank at most: the block in hand, the next block arriving, the accumulator in hand
-    and the one arriving (each O(S/P)); the K/V prefetch overlaps the block's compute.
+    Per rank: dq, its own dk/dv (the results), and a few chunks in flight (K/V arriving,
+    gradient shares leaving and arriving); no foreign block is ever held whole.
     """
     pg = group_of(shards.group)
-    sizes = shards.kv_layout.sizes()
-    parts = shards.parts
     q_ranges = shards.q_ranges()
+    items = _ring_items(shards)
+    chunks = _chunk_count(shards.kv_layout.sizes())
+    mine = _chunk_bounds(k.shape[2], chunks)
     dq = torch.zeros_like(q)
-    owner = shards.rank
-    current = [k, v]
-    grads_in: RingStep | None = None  # accumulator of the block in hand, from rank-1
-    for step in range(parts):
-        incoming = None
-        if step < parts - 1:
-            recv = _block_buffers(k, v, sizes[(owner - 1) % parts])
-            incoming = RingStep(current, recv, pg, tag=1)
-        if grads_in is None:
-            grads = [torch.zeros_like(k), torch.zeros_like(v)]
-        else:
-            grads = grads_in.wait()
-        block_backward(
-            spec,
-            dq,
-            dout,
-            q,
-            q_ranges,
-            *current,
-            shards.kv_layout.ranges(owner),
-            out,
-            lse,
-            dk=grads[0],
-            dv=grads[1],
-        )
-        current = []  # done with this block: free it before the next buffers arrive
-        recv_grads = _block_buffers(k, v, sizes[(owner - 1) % parts])
-        grads_in = RingStep(grads, recv_grads, pg, tag=2)
-        del grads
-        if incoming is not None:
-            current = incoming.wait()
-        owner = (owner - 1) % parts
-    if grads_in is None:
-        raise RuntimeError("dt-cp: ring backward needs at least one rank")
-    dk, dv = grads_in.wait()
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    incoming = _post_chunk(shards, pg, k, v, items[0]) if items else None
+    block_backward(
+        spec, dq, dout, q, q_ranges, k, v, shards.kv_layout.ranges(shards.rank), out, lse, dk, dv
+    )
+    returning: tuple[RingStep, int, int] | None = None  # shares for my chunk, in flight
+
+    def settle() -> None:
+        if returning is not None:
+            exchange, a, b = returning
+            share_k, share_v = exchange.wait()
+            dk[:, :, a:b] += share_k
+            dv[:, :, a:b] += share_v
+
+    for i, item in enumerate(items):
+        current = incoming.wait() if incoming is not None else []
+        incoming = _post_chunk(shards, pg, k, v, items[i + 1]) if i + 1 < len(items) else None
+        step, source, c, lo, hi = item
+        ranges = _slice_ranges(shards.kv_layout.ranges(source), lo, hi)
+        share = block_backward(spec, dq, dout, q, q_ranges, *current, ranges, out, lse)
+        del current
+        settle()
+        # My share of chunk c of rank - step goes home; rank + step's share of my chunk c
+        # comes in (every rank runs the same items, so the exchange pairs up).
+        a, b = mine[c], mine[c + 1]
+        exchange = RingStep(share, _block_buffers(k, v, b - a), pg, tag=2, shift=-step)
+        returning = (exchange, a, b)
+        del share
+    settle()
     return dq, dk, dv
 
 

@@ -57,9 +57,10 @@ def reduce_scatter_seq(x: torch.Tensor, dim: int, sizes: Sequence[int], group: s
 
 
 class RingStep:
-    """One async ring shift: send tensors to rank+1 and receive as many from rank-1.
+    """One async exchange: send tensors to rank+shift, receive as many from rank-shift.
 
-    Tensors go as separate messages (no packing copy: the ring's point is memory).
+    Tensors go as separate messages (no packing copy: the ring's point is memory). Every
+    rank posts the same sequence of exchanges, so each send meets its receive.
     """
 
     def __init__(
@@ -68,18 +69,21 @@ class RingStep:
         recv: Sequence[torch.Tensor],
         pg: dist.ProcessGroup,
         tag: int = 0,
+        shift: int = 1,
     ) -> None:
         rank, size = dist.get_rank(pg), dist.get_world_size(pg)
         self.recv = list(recv)
         self._send = [t.contiguous() for t in send]  # kept alive until the sends complete
         ops = [
-            dist.P2POp(dist.isend, t, group=pg, group_peer=(rank + 1) % size, tag=tag)
+            dist.P2POp(dist.isend, t, group=pg, group_peer=(rank + shift) % size, tag=tag)
             for t in self._send
+            if t.numel()
         ] + [
-            dist.P2POp(dist.irecv, t, group=pg, group_peer=(rank - 1) % size, tag=tag)
+            dist.P2POp(dist.irecv, t, group=pg, group_peer=(rank - shift) % size, tag=tag)
             for t in self.recv
+            if t.numel()
         ]
-        self._works = dist.batch_isend_irecv(ops)
+        self._works = dist.batch_isend_irecv(ops) if ops else []
 
     def wait(self) -> list[torch.Tensor]:
         for work in self._works:

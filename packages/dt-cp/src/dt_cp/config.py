@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 ALGORITHMS = ("auto", "ring", "allgather")
-LOAD_BALANCERS = ("none", "head_tail")
+LOAD_BALANCERS = ("none", "head_tail", "document")
 ALGORITHM_ENV = "DT_CP_ALGORITHM"
 LOAD_BALANCER_ENV = "DT_CP_LOAD_BALANCER"
 
@@ -24,10 +24,13 @@ class Settings:
 
     load_balancer: layout of sequence-sharded tensors made by `shard_sequence`; attention
     reads it to know which global positions each rank holds.
+    documents: document lengths of a packed sequence (in order, summing to its length),
+    used by load_balancer="document".
     """
 
     algorithm: str = "auto"
     load_balancer: str = "none"
+    documents: tuple[int, ...] | None = None
 
 
 def _check(algorithm: str | None, load_balancer: str | None) -> None:
@@ -60,16 +63,30 @@ def current() -> Settings:
     return _configured if _configured is not None else _from_env()
 
 
-def configure(algorithm: str | None = None, load_balancer: str | None = None) -> Settings:
-    """Set process-wide defaults (None keeps the current value); returns the new settings."""
-    global _configured
+def _updated(
+    base: Settings,
+    algorithm: str | None,
+    load_balancer: str | None,
+    documents: Sequence[int] | None,
+) -> Settings:
     _check(algorithm, load_balancer)
-    base = _configured if _configured is not None else _from_env()
-    _configured = replace(
+    return replace(
         base,
         algorithm=algorithm or base.algorithm,
         load_balancer=load_balancer or base.load_balancer,
+        documents=base.documents if documents is None else tuple(int(n) for n in documents),
     )
+
+
+def configure(
+    algorithm: str | None = None,
+    load_balancer: str | None = None,
+    documents: Sequence[int] | None = None,
+) -> Settings:
+    """Set process-wide defaults (None keeps the current value); returns the new settings."""
+    global _configured
+    base = _configured if _configured is not None else _from_env()
+    _configured = _updated(base, algorithm, load_balancer, documents)
     return _configured
 
 
@@ -80,15 +97,13 @@ def reset() -> None:
 
 
 @contextlib.contextmanager
-def settings(algorithm: str | None = None, load_balancer: str | None = None) -> Iterator[Settings]:
+def settings(
+    algorithm: str | None = None,
+    load_balancer: str | None = None,
+    documents: Sequence[int] | None = None,
+) -> Iterator[Settings]:
     """Use these settings inside the block only."""
-    _check(algorithm, load_balancer)
-    base = current()
-    new = replace(
-        base,
-        algorithm=algorithm or base.algorithm,
-        load_balancer=load_balancer or base.load_balancer,
-    )
+    new = _updated(current(), algorithm, load_balancer, documents)
     token = _scoped.set(new)
     try:
         yield new

@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec, autograd_vjp
 from .plan import batch_head_offsets, make_plan, warn_fallback
+from .sparsity import BlockVisibility
 
 LN2 = math.log(2.0)
 
@@ -77,7 +78,10 @@ class _ContextParallelFlex(torch.autograd.Function):
 
 
 def _mods(score_mod: Any, block_mask: Any, q_len: int, kv_len: int) -> Any:
-    mask_mod = None
+    """(score_mod, mask_mod, block visibility) for these arguments."""
+    from dt_core.compat.attention import is_traced
+
+    mask_mod = visible = None
     if block_mask is not None:
         lengths = tuple(block_mask.seq_lengths)
         if lengths != (q_len, kv_len):
@@ -87,7 +91,9 @@ def _mods(score_mod: Any, block_mask: Any, q_len: int, kv_len: int) -> Any:
                 "(dt_cp.create_block_mask)"
             )
         mask_mod = block_mask.mask_mod
-    return score_mod, mask_mod
+        if not is_traced(block_mask.kv_num_blocks):
+            visible = BlockVisibility.from_block_mask(block_mask)
+    return score_mod, mask_mod, visible
 
 
 def flex_attention(
@@ -127,7 +133,7 @@ def flex_attention(
         )
     if query.shape[1] % key.shape[1]:
         raise ValueError("dt-cp: query heads must be a multiple of key/value heads")
-    score, masked = _mods(score_mod, block_mask, query.shape[2], key.shape[2])
+    score, masked, visible = _mods(score_mod, block_mask, query.shape[2], key.shape[2])
     if mask_mod is not None:
         if masked is not None:
             raise ValueError("dt-cp: pass block_mask or mask_mod, not both")
@@ -145,6 +151,7 @@ def flex_attention(
         score_mod_vjp=autograd_vjp(score) if score is not None else None,
         batch_offset=b_off,
         head_offset=h_off,
+        visible=visible,
     )
     shards = plan.shards or Shards.local(query.shape[2], key.shape[2])
     out, lse = _ContextParallelFlex.apply(

@@ -2,17 +2,20 @@
 
 With it, torch's own `flex_attention(q, k, v, score_mod=..., block_mask=...)` on
 sequence-sharded DTensors returns the exact sequence-sharded result (the block mask is
-built for the global sequence). torch 2.13 refuses flex backward on CPU in its Python
-front end, before any rule runs, so there it is forward-only; `dt_cp.flex_attention`
-does forward and backward anywhere. HOP statistics are in log2 units, converted here.
+built for the global sequence), forward and backward. HOP statistics are in log2 units,
+converted here.
 
-Installed by `dt_cp.install_flex_rule()` (dt-core has no hook for HOP rules, so this is
-opt-in and `remove_flex_rule()` takes it out again).
+The plugin contributes these rules through dt-core's `dt_hop_rules` hook, so they are in
+place as soon as DTensor is imported. torch 2.13's front end refuses CPU inputs that need
+gradients before any rule runs (`_validate_device`); dt-core's compat layer defers that
+one check for DTensors while a DTensor backward rule is registered.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +25,9 @@ from torch.distributed.tensor import DTensor
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec
+from .config import settings
 from .plan import batch_head_offsets, make_plan
+from .sparsity import BlockVisibility
 
 LN2 = math.log(2.0)
 _installed: dict[str, Any] = {}
@@ -60,7 +65,13 @@ def _setup(
     mask_buffers: tuple,
     joint_graph: Any = None,
 ) -> tuple:
-    plan = make_plan(query, key, value)
+    from dt_core.compat.attention import is_traced
+
+    traced = is_traced(block_mask[2])
+    # torch's eager front end traces the operator once (fake tensors) before running it
+    # for real: that trace only needs shapes, so it takes the traceable algorithm quietly.
+    with settings(algorithm="allgather") if traced else contextlib.nullcontext():
+        plan = make_plan(query, key, value)
     if isinstance(plan, str):
         raise NotImplementedError(
             f"dt-cp: flex_attention on these DTensors is not supported ({plan}); "
@@ -80,6 +91,7 @@ def _setup(
         score_mod_vjp=_joint_vjp(joint_graph, score_buffers),
         batch_offset=b_off,
         head_offset=h_off,
+        visible=None if traced else BlockVisibility.from_tuple(block_mask),
     )
     return plan, spec, plan.shards or Shards.local(query.shape[2], key.shape[2])
 
@@ -168,19 +180,30 @@ def hop_backward(
 
 
 def install_flex_rule() -> None:
-    """Let torch's flex_attention take sequence-sharded DTensors (see module doc)."""
-    from dt_core.compat.attention import flex_attention_hops, install_hop_subclass_impl
+    """Deprecated: the plugin installs these rules itself. Still installs them (e.g. with
+    autoload off); `remove_flex_rule()` puts back whatever was registered before."""
+    from dt_core.compat.attention import (
+        defer_flex_cpu_backward_check,
+        flex_attention_hops,
+        install_hop_subclass_impl,
+    )
 
+    warnings.warn(
+        "dt_cp.install_flex_rule() is no longer needed: installing dt-cp registers the "
+        "flex_attention rules (dt-core hook dt_hop_rules)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     hop, hop_b = flex_attention_hops()
-
     if _installed:
         return
+    defer_flex_cpu_backward_check()
     _installed["forward"] = install_hop_subclass_impl(hop, DTensor, hop_forward)
     _installed["backward"] = install_hop_subclass_impl(hop_b, DTensor, hop_backward)
 
 
 def remove_flex_rule() -> None:
-    """Undo `install_flex_rule` (whatever was registered before comes back)."""
+    """Deprecated with `install_flex_rule`, which it undoes."""
     from dt_core.compat.attention import flex_attention_hops, remove_hop_subclass_impl
 
     hop, hop_b = flex_attention_hops()

@@ -4,7 +4,10 @@ Local shard sizes always follow DTensor's `Shard` rule (ceil(S/P) per rank, the 
 ones shorter or empty), so a balanced tensor is an ordinary `Shard(seq_dim)` DTensor
 whose sequence is permuted: "head_tail" gives rank r the r-th head piece and the r-th
 tail piece from the end (rank 0 holds the first and the last positions), which evens
-out causal work. Positions are contiguous ranges, so attention can use dense kernels.
+out causal work. "document" does the same inside each document of a packed sequence
+(document lengths given), so causal work within every document is spread evenly — with a
+document mask, position-wise head-tail balances nothing (every document's work is local
+to its documents). Positions are contiguous ranges, so attention can use dense kernels.
 """
 
 from __future__ import annotations
@@ -33,6 +36,22 @@ class SequenceLayout:
     length: int
     parts: int
     balancer: str = "none"
+    documents: tuple[int, ...] | None = None  # document lengths, for balancer="document"
+
+    def __post_init__(self) -> None:
+        if self.balancer == "document":
+            docs = self.documents
+            if docs is None:
+                raise ValueError(
+                    "dt-cp: load_balancer='document' needs the document lengths "
+                    "(documents=[...], e.g. dt_cp.settings(load_balancer='document', "
+                    "documents=lengths))"
+                )
+            if any(n < 0 for n in docs) or sum(docs) != self.length:
+                raise ValueError(
+                    f"dt-cp: document lengths must be >= 0 and sum to the sequence length "
+                    f"{self.length}, got sum {sum(docs)}"
+                )
 
     def sizes(self) -> list[int]:
         return shard_sizes(self.length, self.parts)
@@ -42,6 +61,8 @@ class SequenceLayout:
         sizes = self.sizes()
         if self.balancer == "none":
             return [(sum(sizes[:rank]), sizes[rank])]
+        if self.balancer == "document":
+            return document_ranges(self.documents or (), sizes, rank)
         if self.balancer != "head_tail":
             raise ValueError(f"dt-cp: unknown load balancer {self.balancer!r}")
         heads = [(n + 1) // 2 for n in sizes]
@@ -58,3 +79,61 @@ class SequenceLayout:
     def permutation(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """Global positions in sharded order: `full.index_select(dim, perm)` then Shard."""
         return torch.cat([self.positions(r, device) for r in range(self.parts)])
+
+
+def document_counts(lengths: tuple[int, ...], sizes: list[int]) -> list[list[int]]:
+    """How many positions of each document each rank holds: counts[d][r].
+
+    Each rank's share of every document follows its share of the whole sequence
+    (`sizes[r] / total`), rounded so that running totals track the ideal (largest
+    deficit first) and every rank ends with exactly `sizes[r]` positions.
+    """
+    total = sum(sizes)
+    if total == 0:
+        return [[0] * len(sizes) for _ in lengths]
+    assigned = [0] * len(sizes)
+    counts, seen = [], 0
+    for n in lengths:
+        seen += n
+        # Ideal running total of rank r is sizes[r] * seen / total; scaled by total here.
+        take = [max(0, s * seen // total - a) for s, a in zip(sizes, assigned, strict=True)]
+        while sum(take) != n:
+            more = sum(take) < n
+            # (scaled deficit, rank) of every rank that can take one more / give one back
+            room = [
+                (s * seen - total * (a + c), r)
+                for r, (s, a, c) in enumerate(zip(sizes, assigned, take, strict=True))
+                if (a + c < s if more else c > 0)
+            ]
+            if more:
+                take[max(room, key=lambda d: (d[0], -d[1]))[1]] += 1
+            else:
+                take[min(room, key=lambda d: (d[0], d[1]))[1]] -= 1
+        counts.append(take)
+        assigned = [a + c for a, c in zip(assigned, take, strict=True)]
+    return counts
+
+
+def document_ranges(lengths: tuple[int, ...], sizes: list[int], rank: int) -> list[Range]:
+    """Head-tail inside every document: `rank`'s ranges, document by document.
+
+    Within a document, rank r's share is split into a head piece (rank order from the
+    document's start) and a tail piece (rank order from its end), so every rank gets
+    early (cheap) and late (expensive) causal rows of every document.
+    """
+    out: list[Range] = []
+    start = 0
+    for n, counts in zip(lengths, document_counts(lengths, sizes), strict=True):
+        heads = [(c + 1) // 2 for c in counts]
+        tails = [c - h for c, h in zip(counts, heads, strict=True)]
+        head_start = start + sum(heads[:rank])
+        tail_start = start + n - sum(tails[: rank + 1])
+        for piece in ((head_start, heads[rank]), (tail_start, tails[rank])):
+            if piece[1] == 0:
+                continue
+            if out and out[-1][0] + out[-1][1] == piece[0]:  # contiguous: one range
+                out[-1] = (out[-1][0], out[-1][1] + piece[1])
+            else:
+                out.append(piece)
+        start += n
+    return out or [(0, 0)]

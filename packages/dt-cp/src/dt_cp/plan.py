@@ -93,8 +93,8 @@ def make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan | 
     cp = cp_dims[0]
     parts = mesh.size(cp)
     shards = Shards(
-        SequenceLayout(q.shape[SEQ_DIM], parts, settings.load_balancer),
-        SequenceLayout(k.shape[SEQ_DIM], parts, settings.load_balancer),
+        SequenceLayout(q.shape[SEQ_DIM], parts, settings.load_balancer, settings.documents),
+        SequenceLayout(k.shape[SEQ_DIM], parts, settings.load_balancer, settings.documents),
         mesh.get_group(cp).group_name,
         mesh.get_local_rank(cp),
     )

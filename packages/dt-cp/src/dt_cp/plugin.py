@@ -1,4 +1,5 @@
-"""Hookimpls of the `cp` plugin.
+"""Hookimpls of the `cp` plugin: SDPA op handlers, the sequence collectives, and rules for
+torch's flex_attention higher-order operators (so its own front end takes DTensors).
 
 Light at import: handler modules import `torch.distributed.tensor`, whose first import
 triggers the DTensor hooks, so they load on the first attention call instead.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dt_core import LibraryOps, OpHandler, hookimpl
+from dt_core import HopRule, LibraryOps, OpHandler, hookimpl
 
 
 def _forward(op_call: Any, args: tuple, kwargs: dict) -> object:
@@ -21,6 +22,18 @@ def _backward(op_call: Any, args: tuple, kwargs: dict) -> object:
     from dt_cp.sdpa import backward_handler
 
     return backward_handler(op_call, args, kwargs)
+
+
+def _flex_forward(*args: Any, **kwargs: Any) -> object:
+    from dt_cp.flex_hop import hop_forward
+
+    return hop_forward(*args, **kwargs)
+
+
+def _flex_backward(*args: Any, **kwargs: Any) -> object:
+    from dt_cp.flex_hop import hop_backward
+
+    return hop_backward(*args, **kwargs)
 
 
 def _define(lib: Any) -> None:
@@ -48,3 +61,15 @@ def dt_op_handlers() -> list[OpHandler]:
         backward = getattr(aten, f"_scaled_dot_product_{kernel}_backward").default
         handlers += [OpHandler(forward, _forward), OpHandler(backward, _backward)]
     return handlers
+
+
+@hookimpl
+def dt_hop_rules() -> list[HopRule]:
+    """torch's flex_attention (forward and backward operators) on sequence-sharded DTensors."""
+    from dt_core.compat.attention import defer_flex_cpu_backward_check, flex_attention_hops
+
+    # Inert unless flex_attention_backward has a DTensor rule (ours, installed from this
+    # list): lets torch's front end pass CPU DTensors that need gradients to the rules.
+    defer_flex_cpu_backward_check()
+    forward, backward = flex_attention_hops()
+    return [HopRule(forward, _flex_forward), HopRule(backward, _flex_backward)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
@@ -10,11 +12,16 @@ from .config import LOAD_BALANCERS, current
 from .layout import SequenceLayout
 
 
-def _balancer(load_balancer: str | None) -> str:
-    balancer = current().load_balancer if load_balancer is None else load_balancer
+def _layout(
+    length: int, parts: int, load_balancer: str | None, documents: Sequence[int] | None
+) -> SequenceLayout:
+    """The layout for these arguments, defaults from the settings in force."""
+    settings = current()
+    balancer = settings.load_balancer if load_balancer is None else load_balancer
     if balancer not in LOAD_BALANCERS:
         raise ValueError(f"dt-cp: load_balancer must be one of {LOAD_BALANCERS}")
-    return balancer
+    docs = settings.documents if documents is None else tuple(int(n) for n in documents)
+    return SequenceLayout(length, parts, balancer, docs if balancer == "document" else None)
 
 
 def shard_sequence(
@@ -23,17 +30,18 @@ def shard_sequence(
     seq_dim: int,
     load_balancer: str | None = None,
     mesh_dim: int = 0,
+    documents: Sequence[int] | None = None,
 ) -> DTensor:
     """`distribute_tensor(t, mesh, Shard(seq_dim))`, with positions laid out for balance.
 
-    `load_balancer` defaults to the configured one; attention must run under the same
-    setting, which is how it knows which global positions each rank holds. Call it on
-    every rank with the same full tensor, as `distribute_tensor`.
+    `load_balancer` ("none", "head_tail", "document") and `documents` (document lengths
+    of a packed sequence, for "document") default to the settings in force; attention
+    must run under the same settings, which is how it knows which global positions each
+    rank holds. Call it on every rank with the same full tensor, as `distribute_tensor`.
     """
     seq_dim = seq_dim % t.dim()
-    balancer = _balancer(load_balancer)
-    if balancer != "none":
-        layout = SequenceLayout(t.shape[seq_dim], mesh.size(mesh_dim), balancer)
+    layout = _layout(t.shape[seq_dim], mesh.size(mesh_dim), load_balancer, documents)
+    if layout.balancer != "none":
         t = t.index_select(seq_dim, layout.permutation(t.device))
     placements = [Replicate()] * mesh.ndim
     placements[mesh_dim] = Shard(seq_dim)
@@ -41,14 +49,17 @@ def shard_sequence(
 
 
 def unshard_sequence(
-    t: DTensor, seq_dim: int, load_balancer: str | None = None, mesh_dim: int = 0
+    t: DTensor,
+    seq_dim: int,
+    load_balancer: str | None = None,
+    mesh_dim: int = 0,
+    documents: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """The full tensor in natural sequence order (undoes `shard_sequence`'s permutation)."""
     seq_dim = seq_dim % t.dim()
     full = t.full_tensor()
-    balancer = _balancer(load_balancer)
-    if balancer == "none":
+    layout = _layout(full.shape[seq_dim], t.device_mesh.size(mesh_dim), load_balancer, documents)
+    if layout.balancer == "none":
         return full
-    layout = SequenceLayout(full.shape[seq_dim], t.device_mesh.size(mesh_dim), balancer)
     inverse = torch.argsort(layout.permutation(full.device))
     return full.index_select(seq_dim, inverse)

@@ -11,6 +11,7 @@ Interface:
     swap_sharding_strategy(strategy) -> previous      (DTensor sharding propagator)
     restore_sharding_strategy(op, kind, previous)
     clear_sharding_caches()
+    swap_hop_rule(hop, subclass, fn) -> previous      (higher-order-operator subclass rules)
     new_library(namespace, kind) / destroy_library(lib)
     make_graph_pass(name, fn, uuid) -> CustomGraphPass
     install_graph_passes(stage, passes) / uninstall_graph_passes(stage)
@@ -134,6 +135,31 @@ def clear_sharding_caches() -> None:
 
     _dispatcher().sharding_propagator.propagate_op_sharding.cache_clear()
     torch._C._clear_DTensor_sharding_propagator_cache()
+
+
+# --- higher-order operators -----------------------------------------------------------
+
+
+def swap_hop_rule(hop: Any, subclass: type | None, fn: Callable[..., object] | Any) -> Any:
+    """Make `hop` call `fn` for `subclass` (None: DTensor), or with MISSING remove the rule.
+
+    Returns what was registered before (MISSING if nothing), so the same call with that
+    value undoes it. `hop.py_impl(subclass)` registers but refuses to replace and has no
+    removal, hence the direct table access.
+    """
+    if subclass is None:
+        from torch.distributed.tensor import DTensor
+
+        subclass = DTensor
+    with _lock:
+        table = hop.python_key_table
+        previous = table.get(subclass, MISSING)
+        if fn is MISSING:
+            table.pop(subclass, None)
+        else:
+            table[subclass] = fn
+        hop._dispatch_cache.clear()
+        return previous
 
 
 # --- torch.library ----------------------------------------------------------------------

@@ -5,10 +5,13 @@ Plain functions only; each checks the torch range before its first private acces
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from . import ensure_supported_torch
+
+_patch_lock = threading.Lock()
 
 
 def resolve_process_group(group_name: str) -> Any:
@@ -60,3 +63,50 @@ def flex_attention_hops() -> tuple[Any, Any]:
     from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
 
     return flex_attention, flex_attention_backward
+
+
+_original_validate_device: Any = None
+
+
+def _has_subclass_backward(query: Any) -> bool:
+    """Whether `query` is a DTensor and flex_attention_backward has a DTensor rule."""
+    from torch._higher_order_ops.flex_attention import flex_attention_backward
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(query, DTensor) and DTensor in flex_attention_backward.python_key_table
+
+
+def _validate_device(query: Any, key: Any, value: Any) -> None:
+    if _has_subclass_backward(query):
+        # The refusal is about torch's own CPU kernels; a DTensor rule does the backward.
+        query, key, value = query.detach(), key.detach(), value.detach()
+    _original_validate_device(query, key, value)
+
+
+def defer_flex_cpu_backward_check() -> None:
+    """Let torch's flex_attention front end accept CPU DTensors that need gradients.
+
+    torch 2.13's `flex_attention` calls `_validate_device`, which raises "FlexAttention
+    does not support backward on CPU" for any CPU input with `requires_grad`, before any
+    dispatch (so no HOP rule can answer it). The wrapper installed here skips only that
+    refusal, and only while flex_attention_backward has a DTensor rule registered and the
+    inputs are DTensors; otherwise torch's check runs unchanged. Idempotent.
+    """
+    global _original_validate_device
+    ensure_supported_torch()
+    import torch.nn.attention.flex_attention as front_end
+
+    with _patch_lock:
+        if front_end._validate_device is _validate_device:
+            return
+        _original_validate_device = front_end._validate_device
+        front_end._validate_device = _validate_device
+
+
+def restore_flex_cpu_backward_check() -> None:
+    """Undo `defer_flex_cpu_backward_check` (torch's own check back in place)."""
+    import torch.nn.attention.flex_attention as front_end
+
+    with _patch_lock:
+        if front_end._validate_device is _validate_device:
+            front_end._validate_device = _original_validate_device
