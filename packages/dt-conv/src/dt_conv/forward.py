@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -73,19 +74,26 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
             if b is not None and out.numel():  # no input channels here, but a bias to add
                 out += b.reshape(-1, *[1] * (out.ndim - 2))
         else:
-            nspatial = len(plan.stride)
-            out = aten.convolution(
-                window,
-                w,
-                b,
-                plan.stride,
-                plan.local_padding,
-                plan.dilation,
-                False,
-                [0] * nspatial,
-                groups,
-            )
+            out = local_conv(plan, w, b, groups)(window)
         return as_dtensor(out, plan.mesh, placements, plan.out_shape)
+
+
+def local_conv(
+    plan: ConvPlan, w: torch.Tensor, b: torch.Tensor | None, groups: int
+) -> Callable[..., torch.Tensor]:
+    """This rank's conv: the plan's stride and dilation, padding 0 along sharded dims
+    (pass `padding=` to override)."""
+    return functools.partial(
+        aten.convolution,
+        weight=w,
+        bias=b,
+        stride=plan.stride,
+        padding=plan.local_padding,
+        dilation=plan.dilation,
+        transposed=False,
+        output_padding=[0] * len(plan.stride),
+        groups=groups,
+    )
 
 
 def _same_conv_overlapped(
@@ -111,25 +119,15 @@ def _same_conv_overlapped(
     pending = PendingWindow(local, split, plan.mesh, 0.0)
     padding = list(plan.local_padding)
     padding[split.dim - 2] = p
-    nspatial = len(plan.stride)
-    conv = functools.partial(
-        aten.convolution,
-        weight=w,
-        bias=b,
-        stride=plan.stride,
-        dilation=plan.dilation,
-        transposed=False,
-        output_padding=[0] * nspatial,
-        groups=groups,
-    )
+    conv = local_conv(plan, w, b, groups)
     out = conv(local, padding=padding)
     pending.wait()
     dim, n = split.dim, o1 - o0
     if o0 > 0:  # a neighbour above: fix the first p rows
-        out.narrow(dim, 0, p).copy_(conv(pending.rows(0, 3 * p), padding=plan.local_padding))
+        out.narrow(dim, 0, p).copy_(conv(pending.rows(0, 3 * p)))
     if o1 < split.size:  # a neighbour below: fix the last p rows
         rows = pending.rows(n - p, n + 2 * p)
-        out.narrow(dim, n - p, p).copy_(conv(rows, padding=plan.local_padding))
+        out.narrow(dim, n - p, p).copy_(conv(rows))
     return out
 
 
@@ -180,18 +178,7 @@ def _interior_first(
     if rows is None or all(r.interior == r.owned for r in rows):
         return None
     pending = PendingWindow(local, plan.splits[0], plan.mesh, 0.0)
-    nspatial = len(plan.stride)
-    conv = functools.partial(
-        aten.convolution,
-        weight=w,
-        bias=b,
-        stride=plan.stride,
-        padding=plan.local_padding,
-        dilation=plan.dilation,
-        transposed=False,
-        output_padding=[0] * nspatial,
-        groups=groups,
-    )
+    conv = local_conv(plan, w, b, groups)
     view = local
     for r in rows:
         lo, hi = r.reads(*r.interior)
