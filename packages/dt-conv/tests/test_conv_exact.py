@@ -401,23 +401,12 @@ def test_same_convs_take_the_overlapped_path_and_stay_exact() -> None:
     from dt_conv import forward
     from torch.distributed.tensor import Shard
 
-    taken = []
-    original = forward._same_conv_overlapped
-
-    def counting(*args: Any) -> Any:
-        out = original(*args)
-        taken.append(out is not None)
-        return out
-
-    forward._same_conv_overlapped = counting
-    try:
-        cases = [
-            ([Shard(d)], (2, 3, 9, 8), (4, 3, k, k), True, {"padding": "same", "dilation": dil})
-            for d, k, dil in itertools.product((2, 3), (3, 5), (1, 2))
-        ]
+    cases = [
+        ([Shard(d)], (2, 3, 9, 8), (4, 3, k, k), True, {"padding": "same", "dilation": dil})
+        for d, k, dil in itertools.product((2, 3), (3, 5), (1, 2))
+    ]
+    with counting(forward, "_same_conv_overlapped") as taken:
         run_cases(cpu_mesh(2), cases)
-    finally:
-        forward._same_conv_overlapped = original
     assert sum(taken) >= 4, taken  # thick enough shards overlap; thin ones use the window
 
 
@@ -533,30 +522,13 @@ def test_other_convs_compute_their_interior_while_halos_travel() -> None:
     from dt_conv import backward, forward
     from torch.distributed.tensor import Shard
 
-    taken, backward_taken = [], []
-    original = forward._interior_first
-    original_backward = backward._overlapped_gradients
-
-    def counting(*args: Any) -> Any:
-        out = original(*args)
-        taken.append(out is not None)
-        return out
-
-    def counting_backward(*args: Any) -> Any:
-        backward_taken.append(True)
-        return original_backward(*args)
-
-    forward._interior_first = counting
-    backward._overlapped_gradients = counting_backward
-    try:
-        cases = [
-            ([Shard(d)], (2, 3, 12, 11), (4, 3, k, k), True, {"padding": p, "stride": st})
-            for d, k, p, st in itertools.product((2, 3), (2, 3, 4), (0, 1, 2), (1, 2))
-        ]
-        cases.append(([Shard(2)], (1, 2, 20), (2, 2, 3), False, {"dilation": 3, "padding": 1}))
-        run_cases(cpu_mesh(2), cases)
-    finally:
-        forward._interior_first = original
-        backward._overlapped_gradients = original_backward
+    cases = [
+        ([Shard(d)], (2, 3, 12, 11), (4, 3, k, k), True, {"padding": p, "stride": st})
+        for d, k, p, st in itertools.product((2, 3), (2, 3, 4), (0, 1, 2), (1, 2))
+    ]
+    cases.append(([Shard(2)], (1, 2, 20), (2, 2, 3), False, {"dilation": 3, "padding": 1}))
+    with counting(forward, "_interior_first") as taken:
+        with counting(backward, "_overlapped_gradients") as backward_taken:
+            run_cases(cpu_mesh(2), cases)
     assert sum(taken) >= 20, taken
     assert len(backward_taken) == len(cases)  # one sharded dim, both gradients wanted

@@ -45,6 +45,7 @@ def convolution_backward_handler(
         groups,
         mask,
     ) = bind(op_call, args, kwargs)
+    rest = [stride, padding, dilation, transposed, out_pad, groups, mask]  # for the fallback
     if transposed:
         from . import transposed as tr
 
@@ -58,7 +59,7 @@ def convolution_backward_handler(
             x,
             weight,
             bias_sizes,
-            [stride, padding, dilation, transposed, out_pad, groups, mask],
+            rest,
         )
     layout = channel_layout(x, weight, None, groups)
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
@@ -71,7 +72,7 @@ def convolution_backward_handler(
                 x,
                 weight,
                 bias_sizes,
-                [stride, padding, dilation, transposed, out_pad, groups, mask],
+                rest,
             )
         mesh = plan.mesh
         g = grad_out.redistribute(mesh, grad_output_placements(layout, plan.placements))

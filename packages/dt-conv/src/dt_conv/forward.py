@@ -40,6 +40,7 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
     x, weight, bias, stride, padding, dilation, transposed, out_pad, groups = bind(
         op_call, args, kwargs
     )
+    rest = [stride, padding, dilation, transposed, out_pad, groups]  # for the fallback
     if transposed:
         from . import transposed as tr
 
@@ -47,17 +48,13 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
         if not isinstance(tplan, str):
             return tr.forward(tplan, x, weight, bias, groups)
         warn_fallback("convolution", f"transposed convolution: {tplan}")
-        return _fallback(
-            op_call, x, weight, bias, [stride, padding, dilation, transposed, out_pad, groups]
-        )
+        return _fallback(op_call, x, weight, bias, rest)
     layout = channel_layout(x, weight, bias, groups)
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
         if isinstance(plan, str):
             warn_fallback("convolution", plan)
-            return _fallback(
-                op_call, x, weight, bias, [stride, padding, dilation, transposed, out_pad, groups]
-            )
+            return _fallback(op_call, x, weight, bias, rest)
         w, b = local_weight(layout, weight, x), local_bias(layout, bias, weight, x)
         placements = output_placements(layout, plan.placements)
         groups = local_groups(layout, groups)

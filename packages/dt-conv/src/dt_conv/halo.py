@@ -231,7 +231,8 @@ class PendingScatter:
         ]
         _count(ops)
         self.requests = dist.batch_isend_irecv(ops) if ops else []
-        self.out, self.dim, self.sends, self.keep = out, dim, plan.sends, back
+        self.out, self.dim, self.sends = out, dim, plan.sends
+        self.sending = back  # isend buffers must outlive the requests
 
     def finish(self) -> torch.Tensor:
         """This rank's rows of the gradient, everyone's contributions summed."""

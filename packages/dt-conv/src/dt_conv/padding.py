@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from . import spatial
 from .geometry import Affine, DimSplit, Fill
 from .plan import Splitter, plan_spatial
+from .validate import raise_like_torch
 from .wrap import bind
 
 
@@ -52,8 +53,6 @@ def _window_op(
             return "reflect padding not smaller than the input"
         if fill != "constant" and (min(left, right) < 0 or in_shape[dim] == 0):
             return "negative or empty non-constant padding"
-        if fill == "circular" and max(left, right) > in_shape[dim]:
-            return "circular padding wider than the input"
 
     def splitter(dim: int) -> Splitter:
         left, _ = pairs[dim]
@@ -153,12 +152,7 @@ class _CircularPad(torch.autograd.Function):
 def circular_pad(x: DTensor, pad: Sequence[int]) -> torch.Tensor:
     """`_pad_circular` for a DTensor: halo path where exact, else torch's own (gathers)."""
     pad = list(pad)
-    ndim = x.ndim
-    bad_args = len(pad) % 2 or len(pad) // 2 > ndim - 1
-    if bad_args or any(
-        max(left, right) > x.shape[dim] for dim, (left, right) in _pairs(pad, ndim).items()
-    ):
-        return _decompose_circular(x, pad)  # torch raises its own error
+    raise_like_torch(torch.ops.aten._pad_circular.default, (x, pad), {})
     op = _window_op(x, x.shape, pad, "circular", _decompose_circular, _circular_vjp)
     if isinstance(op, str):
         from .fallback import warn_fallback
