@@ -3,9 +3,10 @@
     python packages/dt-symm-mem/benchmarks/run.py [--quick] [--ranks 2] --json OUT.json
 
 Spawns its own CPU ranks (dt-core's test world: gloo on 127.0.0.1, one thread each).
-Baselines are measured in the same run: gloo's all_gather_single into a preallocated
-output (our all-gather writes into a preallocated output too), gloo all_gather + mm for
-the layer, and a plain memcpy of the gathered size on every rank at once (the limit).
+Baselines are measured in the same run, in alternating rounds with what they are compared
+to (medians over the rounds): gloo's all_gather_single into a preallocated output (our
+all-gather writes into a preallocated output too), gloo all_gather + mm for the layer,
+and a plain memcpy of the gathered size on every rank at once (the limit).
 """
 
 from __future__ import annotations
@@ -21,33 +22,38 @@ KIB = 1024
 MIB = 1024 * KIB
 
 
-def _time(fn: Any, repeats: int, warmup: int = 2) -> float:
-    """Median seconds per call of `fn()`. Each sample runs `fn` back to back enough times
-    to last a few ms after a barrier, so the barrier's exit skew between ranks (~0.1 ms
-    with gloo) does not dominate small messages; the count is agreed by all ranks."""
+def _time_alternating(fns: dict[str, Any], rounds: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each `fns[name]()`, measured in alternating rounds (one
+    sample of every function per round), so a slow phase of the shared host hits all of
+    them alike. A sample runs a function back to back enough times to last a few ms after
+    a barrier, so the barrier's exit skew between ranks (~0.1 ms with gloo) does not
+    dominate small messages; the count is agreed by all ranks."""
     import torch
     import torch.distributed as dist
 
-    for _ in range(warmup):
-        fn()
-    start = time.perf_counter()
-    fn()
-    once = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    dist.all_reduce(once, op=dist.ReduceOp.MAX)
-    inner = max(1, min(200, int(5e-3 / max(float(once), 1e-7))))
-    samples = []
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(inner):
+    inner = {}
+    for name, fn in fns.items():
+        for _ in range(warmup):
             fn()
-        samples.append((time.perf_counter() - start) / inner)
-    return statistics.median(samples)
+        start = time.perf_counter()
+        fn()
+        once = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(once, op=dist.ReduceOp.MAX)
+        inner[name] = max(1, min(200, int(5e-3 / max(float(once), 1e-7))))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(inner[name]):
+                fn()
+            samples[name].append((time.perf_counter() - start) / inner[name])
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def _repeats(nbytes: int, quick: bool) -> int:
-    base = 20 if nbytes <= MIB else 8
-    return max(3, base // (4 if quick else 1))
+def _rounds(nbytes: int, quick: bool) -> int:
+    base = 30 if nbytes <= MIB else 12
+    return max(5, base // (4 if quick else 1))
 
 
 def _rank_body(quick: bool, sizes: list[int], layer: dict[str, int]) -> dict[str, Any]:
@@ -62,19 +68,23 @@ def _rank_body(quick: bool, sizes: list[int], layer: dict[str, int]) -> dict[str
         x = torch.randn(nbytes // 4)
         gathered = torch.empty(world * x.numel())
         reference = torch.empty_like(gathered)
-        reps = _repeats(nbytes, quick)
-        shm = _time(
-            lambda x=x, o=gathered: dt_symm_mem.low_contention_all_gather(x, group, out=o), reps
+        src = torch.randn(gathered.numel())
+        times = _time_alternating(
+            {
+                "shm": lambda x=x, o=gathered: dt_symm_mem.low_contention_all_gather(
+                    x, group, out=o
+                ),
+                "gloo": lambda x=x, o=reference: dist.all_gather_single(o, x, group=group),
+                "memcpy": lambda o=gathered, s=src: o.copy_(s),
+            },
+            _rounds(nbytes, quick),
         )
-        gloo = _time(lambda x=x, o=reference: dist.all_gather_single(o, x, group=group), reps)
         dist.all_gather_single(reference, x, group=group)
         dt_symm_mem.low_contention_all_gather(x, group, out=gathered)
         if not torch.equal(gathered, reference):
             raise RuntimeError(f"shm all-gather differs from gloo at {nbytes} bytes")
-        src = torch.randn(gathered.numel())
-        copy = _time(lambda o=gathered, s=src: o.copy_(s), reps)
-        out["ag"][nbytes] = (shm, gloo)
-        out["memcpy"][nbytes] = copy
+        out["ag"][nbytes] = (times["shm"], times["gloo"])
+        out["memcpy"][nbytes] = times["memcpy"]
 
     tokens, hidden, n_out = layer["tokens"], layer["hidden"], layer["out"]
     gen = torch.Generator().manual_seed(dist.get_rank())
@@ -89,8 +99,8 @@ def _rank_body(quick: bool, sizes: list[int], layer: dict[str, int]) -> dict[str
     def fused() -> torch.Tensor:
         return dt_symm_mem.fused_all_gather_matmul(A_shard, [B], 0, group, return_A=False)[1][0]
 
-    reps = 3 if quick else 8
-    out["layer"] = (_time(fused, reps), _time(baseline, reps))
+    times = _time_alternating({"fused": fused, "baseline": baseline}, 3 if quick else 10)
+    out["layer"] = (times["fused"], times["baseline"])
     out["layer_error"] = float((fused() - baseline()).abs().max())
     return out
 

@@ -255,3 +255,47 @@ def test_argument_errors_are_clear() -> None:
         torch.ops.symm_mem.fused_all_gather_scaled_matmul(
             A, [B], torch.ones(()), [torch.ones(())], 0, name, [None], [None], [None], [False]
         )
+
+
+@pytest.mark.ranks(2)
+def test_eager_calls_skip_the_dispatcher_and_tracers_see_the_op() -> None:
+    """Plain CPU tensors run our kernel directly; traced calls (make_fx, real or fake)
+    go through `torch.ops.symm_mem.*` as one node; inputs needing gradients are refused
+    with an error that names the limitation."""
+    import dt_symm_mem
+    import torch.distributed as dist
+    from dt_symm_mem import api
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    rank = dist.get_rank()
+    A, B = ints((4, 6), rank), ints((6, 4), 7)
+    expected = gather(A, 0) @ B
+
+    def layer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return dt_symm_mem.fused_all_gather_matmul(a, [b], 0, return_A=False)[1][0]
+
+    through_op = []
+    saved = api._torch_op
+
+    def recording(name: str) -> Any:
+        through_op.append(name)
+        return saved(name)
+
+    api._torch_op = recording
+    try:
+        assert torch.equal(layer(A, B), expected) and through_op == []
+        for mode in ("real", "fake"):
+            graph = make_fx(layer, tracing_mode=mode)(A, B).graph
+            targets = [str(n.target) for n in graph.nodes if n.op == "call_function"]
+            assert "symm_mem.fused_all_gather_matmul.default" in targets, (mode, targets)
+            assert not any("mm" in t.split(".")[1] for t in targets if t.startswith("aten.")), (
+                mode,
+                targets,
+            )
+        tracked = A.clone().requires_grad_(True)
+        with pytest.raises(RuntimeError, match="no autograd formula.*torch.no_grad"):
+            layer(tracked, B)
+        with torch.no_grad():
+            assert torch.equal(layer(tracked, B), expected)
+    finally:
+        api._torch_op = saved

@@ -27,10 +27,13 @@ def test_workspace_grows_on_demand_and_leaves_nothing_in_dev_shm() -> None:
     group = dist.new_group([0, 1])  # a fresh group: a fresh workspace
     rank = dist.get_rank()
     names, sizes = [], []
-    for numel in (16, 1000, MIN_BUFFER_BYTES // 4 + 1, 3 * MIN_BUFFER_BYTES // 4, 7):
+    # A reduce-scatter of 2n floats moves n floats to each rank through the buffers.
+    # (Large all-gathers stream through a fixed ring and never grow them.)
+    for numel in (16, 1000, MIN_BUFFER_BYTES // 4 + 2, 3 * MIN_BUFFER_BYTES // 4, 8):
         x = torch.arange(numel, dtype=torch.float32) + 1000 * rank
-        got = dt_symm_mem.low_contention_all_gather(x, group)
-        assert torch.equal(got, torch.cat([x - 1000 * rank, x + 1000 * (1 - rank)]))
+        got = dt_symm_mem.low_contention_reduce_scatter(x, "sum", group)
+        half = numel // 2
+        assert torch.equal(got, 2 * x[rank * half : (rank + 1) * half] + 1000 * (1 - 2 * rank))
         handle = get_workspace(group, 0)
         assert handle.buffer_bytes >= 4 * numel
         names.append(handle.name)

@@ -23,9 +23,16 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from dt_symm_mem import ntcopy
 from dt_symm_mem.workspace import ShmSymmMemory, get_workspace
 
 ALIGN = 64
+# Messages above STREAM_MIN_BYTES per rank stream through STREAM_SLOTS chunks of
+# STREAM_CHUNK_BYTES per rank (measured on a 2-core host, see benchmarks/run.py): below
+# it one whole-message copy costs less than the per-chunk Python steps.
+STREAM_MIN_BYTES = 1 << 20
+STREAM_CHUNK_BYTES = 512 << 10
+STREAM_SLOTS = 2
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -65,23 +72,107 @@ def all_gather_consume(
 
 
 def all_gather_into(group: object, src: torch.Tensor, out: torch.Tensor) -> None:
-    """Plain all-gather of a contiguous `src` into a contiguous `out` (world x src rows):
-    the shortest path (one memcpy in, one per peer out, own copy while peers write)."""
+    """Plain all-gather of a contiguous `src` into a contiguous `out` (world x src rows).
+    Up to STREAM_MIN_BYTES: one memcpy in, one per peer out, own copy while peers write.
+    Larger messages stream through a small ring of chunk slots (`_streamed_all_gather`)."""
     nbytes = src.numel() * src.element_size()
-    handle = get_workspace(group, nbytes)
+    streamed = nbytes > STREAM_MIN_BYTES
+    handle = get_workspace(group, STREAM_CHUNK_BYTES * STREAM_SLOTS if streamed else nbytes)
     if handle is None:
         dist.all_gather_single(_bytes_of(out), _bytes_of(src), group=group)
-        return
+    elif streamed:
+        _streamed_all_gather(handle, src.data_ptr(), out.data_ptr(), nbytes)
+    else:
+        _single_shot_all_gather(handle, src.data_ptr(), out.data_ptr(), nbytes)
+
+
+def _single_shot_all_gather(handle: ShmSymmMemory, src: int, out: int, nbytes: int) -> None:
     rank, world = handle.rank, handle.world_size
     seq, slot = handle.begin_op()
-    handle.write_bytes(slot, 0, src)
+    ctypes.memmove(handle.slot_address(rank, slot), src, nbytes)
     handle.publish(0, seq)
-    base = out.data_ptr()
-    ctypes.memmove(base + rank * nbytes, src.data_ptr(), nbytes)
+    ctypes.memmove(out + rank * nbytes, src, nbytes)
     for step in range(1, world):
         peer = (rank + step) % world
         handle.wait_published(peer, 0, seq)
-        handle.read_bytes(peer, slot, 0, base + peer * nbytes, nbytes)
+        handle.read_bytes(peer, slot, 0, out + peer * nbytes, nbytes)
+
+
+def _streamed_all_gather(handle: ShmSymmMemory, src: int, out: int, nbytes: int) -> None:
+    """All-gather of `nbytes` per rank through a ring of STREAM_SLOTS chunks per rank.
+
+    Why: a whole-message copy through shared memory moves every byte three times through
+    DRAM (into the segment, out of it, plus the rank's own copy), which costs about 1.5
+    memcpys of the output. Chunks small enough to stay in cache cut that to the output
+    writes and one read of `src`: each chunk is copied into the ring and straight on into
+    this rank's own rows while it is hot, and peers copy it out while it is still in the
+    shared cache. The output is written with non-temporal stores (`ntcopy`), which do not
+    read it first. A slot is reused once every peer has counted the chunk in it as
+    consumed; a rank waiting for that keeps pulling whatever peers have published, so
+    no rank can wait on one that is itself waiting.
+    """
+    rank, world = handle.rank, handle.world_size
+    chunk, slots = STREAM_CHUNK_BYTES, STREAM_SLOTS
+    seq, slot = handle.begin_op()
+    key = seq << 32
+    flags = handle.flags
+    memmove = ctypes.memmove
+    copy_out = ntcopy.copy
+    n = -(-nbytes // chunk)
+    peers = [(rank + step) % world for step in range(1, world)]
+    ring = handle.slot_address(rank, slot)
+    own = out + rank * nbytes
+    my_progress = handle.progress_word(rank)
+    their_progress = [handle.progress_word(p) for p in peers]
+    read_by_them = [handle.consumed_word(p, rank) for p in peers]
+    read_by_me = [handle.consumed_word(rank, p) for p in peers]
+    their_rings = [handle.slot_address(p, slot) for p in peers]
+    dests = [out + p * nbytes for p in peers]
+    pulled = [0] * len(peers)
+    put = 0
+    while True:
+        moved = False
+        if put < n and (put < slots or min(flags[w] for w in read_by_them) > key + put - slots):
+            offset = put * chunk
+            size = min(chunk, nbytes - offset)
+            memmove(ring + (put % slots) * chunk, src + offset, size)
+            put += 1
+            flags[my_progress] = key + put
+            copy_out(own + offset, src + offset, size)
+            moved = True
+        for i in range(len(peers)):
+            done = pulled[i]
+            available = min(int(flags[their_progress[i]]) - key, n)
+            if done >= available:
+                continue
+            while done < available:
+                offset = done * chunk
+                size = min(chunk, nbytes - offset)
+                copy_out(dests[i] + offset, their_rings[i] + (done % slots) * chunk, size)
+                done += 1
+                flags[read_by_me[i]] = key + done
+            pulled[i] = done
+            moved = True
+        if moved:
+            continue
+        pending = [
+            (their_progress[i], key + pulled[i] + 1, p)
+            for i, p in enumerate(peers)
+            if pulled[i] < n
+        ]
+        if put < n:
+            needed = key + put - slots + 1
+            blockers = [
+                (word, needed, p)
+                for word, p in zip(read_by_them, peers, strict=True)
+                if flags[word] < needed
+            ]
+            if not blockers:
+                continue  # the slot came free since the check above
+            pending += blockers
+        elif not pending:
+            return
+        handle.wait_any(pending, "all-gather: waiting for a peer's chunk or free slot")
 
 
 def _all_gather_consume_collective(

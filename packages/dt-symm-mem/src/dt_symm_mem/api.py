@@ -58,9 +58,33 @@ def _cpu_kernel_installed(op_name: str) -> bool:
     return compat.has_kernel(f"symm_mem::{op_name}", "CPU")
 
 
+def _plain_eager(op_name: str, operands: tuple) -> bool:
+    """Whether our kernel may run directly: plain CPU tensors outside any tracing (torch's
+    op would only dispatch to it, and the round trip through the dispatcher into a Python
+    kernel costs more than a 64 KiB all-gather). Compiled, traced or wrapped calls keep
+    the op, so tracers see one opaque node. CPU operands that need gradients are refused
+    with a clear error: these ops have no autograd formula (torch's CUDA ones neither)."""
+    if torch.compiler.is_compiling():
+        return False
+    plain = True
+    for t in operands:
+        if t.device.type != "cpu":
+            return False
+        if t.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"dt-symm-mem: symm_mem.{op_name} has no autograd formula (torch's CUDA op "
+                "has none either); call it under torch.no_grad() or on detached tensors"
+            )
+        plain = plain and type(t) is torch.Tensor
+    return plain and not compat.tracing_modes_active()
+
+
 def _call(op_name: str, function_name: str, operands: tuple, *args: Any, **kwargs: Any) -> Any:
-    """Send the call to torch's op (CUDA, or CPU with our kernel installed) or run ours."""
-    if uses_torch_kernels(*operands) or _cpu_kernel_installed(op_name):
+    """Send the call to torch's op (CUDA, traced, or CPU with our kernel installed) or
+    run ours."""
+    if not _plain_eager(op_name, operands) and (
+        uses_torch_kernels(*operands) or _cpu_kernel_installed(op_name)
+    ):
         return _torch_op(op_name)(*args, **kwargs)
     from dt_symm_mem import ops
 
@@ -209,7 +233,9 @@ def low_contention_all_gather(
         )
     from dt_symm_mem import ops
 
-    return ops.low_contention_all_gather(tensor, name, out=out)
+    # The group object itself: a name would only be looked up again (a 64 KiB all-gather
+    # takes ~20 us, so each us of overhead shows).
+    return ops.low_contention_all_gather(tensor, name if group is None else group, out=out)
 
 
 def low_contention_reduce_scatter(

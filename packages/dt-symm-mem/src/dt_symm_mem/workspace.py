@@ -23,7 +23,7 @@ import platform
 import socket
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +93,10 @@ class _Layout:
         lines += ws * ws
         self.ready = lines
         lines += ws * (ws + 1)
+        self.progress = lines  # chunk streams: chunks a rank has published in an op
+        lines += ws
+        self.consumed = lines  # chunk streams: [reader][writer] chunks read in an op
+        lines += ws * ws
         self.words = lines * LINE_WORDS
         self.header_bytes = -(-self.words * 8 // segment.PAGE) * segment.PAGE
 
@@ -204,15 +208,28 @@ class ShmSymmMemory:
         return pid > 0 and ns == segment.pid_namespace() and not _pid_alive(pid)
 
     def _wait_geq(self, index: int, target: int, what: str, peer: int) -> None:
-        """Spin (then yield, then nap) until flag >= target; fail on a dead peer or deadline."""
+        """Wait until flag word `index` >= `target` (set by `peer`)."""
+        if self._flags[index] < target:
+            self.wait_any(((index, target, peer),), what)
+
+    def wait_any(self, conditions: Sequence[tuple[int, int, int]], what: str) -> None:
+        """Spin (then yield, then nap) until some `(index, target, peer)` of `conditions`
+        has flag word `index` >= `target`; fail when one of those peers is dead or at
+        the deadline."""
+        if not conditions:
+            raise ValueError("dt-symm-mem: wait_any needs at least one condition")
         flags = self._flags
-        if flags[index] >= target:
+
+        def met() -> bool:
+            return any(flags[index] >= target for index, target, _ in conditions)
+
+        if met():
             return
         spins = 0
         start = time.monotonic()
         next_check = start + 0.25
         spin_s = self._spin_s
-        while flags[index] < target:
+        while not met():
             spins += 1
             if spins & 15:
                 continue
@@ -226,25 +243,30 @@ class ShmSymmMemory:
                 time.sleep(NAP_S)
             if now >= next_check:
                 next_check = now + 0.25
-                if flags[index] >= target:
+                if met():
                     break
-                if self._peer_gone(peer):
-                    raise SymmMemTimeoutError(
-                        f"dt-symm-mem: {what}: peer rank {peer} of group "
-                        f"{self.group.group_name!r} has exited"
-                    )
-                if now - start > self.timeout:
-                    raise SymmMemTimeoutError(
-                        f"dt-symm-mem: {what}: timed out after {self.timeout:.1f}s waiting for "
-                        f"rank {peer} of group {self.group.group_name!r} (dead or stuck peer?); "
-                        f"set {TIMEOUT_ENV} to change the limit"
-                    )
+                self._fail_if_stuck(sorted({peer for _, _, peer in conditions}), what, now - start)
         # Spinning only pays when peers answer within the spin; otherwise it steals the
         # core a descheduled peer needs. Halve the spin after a long wait, regrow slowly.
         if time.monotonic() - start > spin_s:
             self._spin_s = max(MIN_SPIN_S, spin_s / 2)
         else:
             self._spin_s = min(SPIN_S, spin_s * 1.25)
+
+    def _fail_if_stuck(self, peers: list[int], what: str, waited: float) -> None:
+        for peer in peers:
+            if self._peer_gone(peer):
+                raise SymmMemTimeoutError(
+                    f"dt-symm-mem: {what}: peer rank {peer} of group "
+                    f"{self.group.group_name!r} has exited"
+                )
+        if waited > self.timeout:
+            ranks = ", ".join(map(str, peers))
+            raise SymmMemTimeoutError(
+                f"dt-symm-mem: {what}: timed out after {self.timeout:.1f}s waiting for "
+                f"rank {ranks} of group {self.group.group_name!r} (dead or stuck peer?); "
+                f"set {TIMEOUT_ENV} to change the limit"
+            )
 
     # --- torch-like synchronisation ---------------------------------------------------
 
@@ -307,6 +329,27 @@ class ShmSymmMemory:
     def wait_published(self, peer: int, key: int, seq: int) -> None:
         line = self._layout.ready + peer * (self.world_size + 1) + key
         self._wait_geq(self._layout.word(line), seq, "waiting for a peer's data", peer)
+
+    # --- chunk streams: an op's data passes through a ring of chunk slots ---------------
+    # Flag words hold (seq << 32) + count, so they only grow from op to op and a reader
+    # never mistakes an earlier op's counts for this op's.
+
+    @property
+    def flags(self) -> np.ndarray:
+        """The int64 flag words (for hot loops that poll stream counters directly)."""
+        return self._flags
+
+    def progress_word(self, rank: int) -> int:
+        """Flag word counting the chunks `rank` has published in the current op."""
+        return self._layout.word(self._layout.progress + rank)
+
+    def consumed_word(self, reader: int, writer: int) -> int:
+        """Flag word counting the chunks of `writer` that `reader` has copied out."""
+        return self._layout.word(self._layout.consumed + reader * self.world_size + writer)
+
+    def slot_address(self, rank: int, slot: int) -> int:
+        """Address of `rank`'s buffer of `slot` in this process's mapping."""
+        return self._address + self._base(rank, slot)
 
 
 @dataclass

@@ -26,6 +26,7 @@ private torch modules itself.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING"})()
 _lock = threading.RLock()
 
 
+@functools.cache  # every private-API call checks the version: keep that check ~1 us
 def _release_tuple(version: str) -> tuple[int, ...]:
     core = version.split("+")[0]
     parts: list[int] = []

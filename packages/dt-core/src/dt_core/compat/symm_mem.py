@@ -11,6 +11,7 @@ Interface (plain functions):
     all_gather_match_parts(match) / reduce_scatter_match_parts(match) -> (node, group name)
     scalar_types_to_dtypes(values)
     has_kernel(qualified_name, dispatch_key) -> bool
+    tracing_modes_active() -> bool          a torch function or dispatch mode is active
     op_arguments(op_name) -> [(name, keyword_only, has_default)] of symm_mem::<op_name>
 """
 
@@ -44,6 +45,15 @@ def has_kernel(qualified_name: str, dispatch_key: str) -> bool:
     if not torch._C._dispatch_has_kernel(qualified_name):
         return False
     return torch._C._dispatch_has_kernel_for_dispatch_key(qualified_name, dispatch_key)
+
+
+def tracing_modes_active() -> bool:
+    """Whether a TorchFunctionMode or TorchDispatchMode (make_fx's proxy mode, fake
+    tensors, FLOP counters...) is active: such calls must reach ops, not their kernels."""
+    ensure_supported_torch()
+    import torch
+
+    return torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0
 
 
 def op_arguments(op_name: str) -> list[tuple[str, bool, bool]]:

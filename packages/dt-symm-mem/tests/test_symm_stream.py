@@ -1,0 +1,171 @@
+"""Large all-gathers stream through a small ring of chunk slots; output writes bypass the
+cache (`ntcopy`). Both are checked byte for byte against gloo and against plain slicing."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+DTYPES = (torch.float32, torch.float16, torch.int64, torch.uint8)
+
+
+def gloo_all_gather(x: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    out = torch.empty((dist.get_world_size() * x.shape[0], *x.shape[1:]), dtype=x.dtype)
+    dist.all_gather_single(out.view(-1).view(torch.uint8), x.view(-1).view(torch.uint8))
+    return out
+
+
+def shard(numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 100, (numel,), generator=gen).to(dtype)
+
+
+def check_streamed(numel: int, dtype: torch.dtype, seed: int) -> str | None:
+    """One all-gather (streamed or not, by size), a small all-gather and a reduce-scatter
+    after it (they share the op sequence and slots), all against gloo."""
+    import dt_symm_mem
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = shard(numel, dtype, seed + rank)
+    got = dt_symm_mem.low_contention_all_gather(x)
+    if not torch.equal(got, gloo_all_gather(x)):
+        return f"all_gather of {numel} {dtype}"
+    small = shard(3, torch.float32, seed)
+    if not torch.equal(dt_symm_mem.low_contention_all_gather(small), gloo_all_gather(small)):
+        return f"small all_gather after {numel} {dtype}"
+    y = shard(2 * world, torch.float32, seed + rank)
+    expected = gloo_all_gather(y).view(world, 2 * world).sum(0).view(world, 2)[rank]
+    if not torch.equal(dt_symm_mem.low_contention_reduce_scatter(y), expected):
+        return f"reduce_scatter after {numel} {dtype}"
+    return None
+
+
+def run_property() -> None:
+    from dt_symm_mem import algorithms
+
+    saved = (
+        algorithms.STREAM_MIN_BYTES,
+        algorithms.STREAM_CHUNK_BYTES,
+        algorithms.STREAM_SLOTS,
+    )
+    taken = []
+    streamed = algorithms._streamed_all_gather
+
+    def counting(*args: Any) -> None:
+        taken.append(args[-1])
+        streamed(*args)
+
+    @settings(
+        max_examples=40, derandomize=True, deadline=None, database=None, phases=[Phase.generate]
+    )  # no shrinking: every rank must run the same cases
+    @given(
+        chunk=st.sampled_from([4096, 8192, 12304]),  # 12304: not a multiple of 64
+        slots=st.integers(1, 3),
+        chunks=st.integers(0, 10),
+        extra=st.integers(0, 12304),
+        dtype=st.sampled_from(DTYPES),
+        seed=st.integers(0, 1000),
+    )
+    def prop(chunk: int, slots: int, chunks: int, extra: int, dtype: Any, seed: int) -> None:
+        numel = max(1, (chunks * chunk + extra) // dtype.itemsize)
+        algorithms.STREAM_MIN_BYTES = chunk
+        algorithms.STREAM_CHUNK_BYTES = chunk
+        algorithms.STREAM_SLOTS = slots
+        problem = check_streamed(numel, dtype, seed)
+        assert problem is None, f"{problem} (chunk {chunk}, {slots} slots)"
+
+    algorithms._streamed_all_gather = counting
+    try:
+        prop()
+    finally:
+        algorithms._streamed_all_gather = streamed
+        (
+            algorithms.STREAM_MIN_BYTES,
+            algorithms.STREAM_CHUNK_BYTES,
+            algorithms.STREAM_SLOTS,
+        ) = saved
+    # the sweep reached messages of many chunks (the ring wrapped many times)
+    assert len(taken) > 20 and max(taken) > 8 * 12304, taken
+
+
+@pytest.mark.ranks(2)
+def test_streamed_all_gather_property_2_ranks() -> None:
+    run_property()
+
+
+@pytest.mark.ranks(4)
+def test_streamed_all_gather_property_4_ranks() -> None:
+    run_property()
+
+
+@pytest.mark.ranks(2)
+def test_streamed_all_gather_default_sizes_keep_the_workspace_small() -> None:
+    """At the shipped settings: the smallest streamed message, and one with a ragged
+    last chunk at an odd byte offset; the workspace stays one ring, however large."""
+    import torch.distributed as dist
+    from dt_symm_mem import algorithms
+    from dt_symm_mem.workspace import get_workspace
+
+    group = dist.new_group([0, 1])  # a fresh workspace
+    ring = algorithms.STREAM_CHUNK_BYTES * algorithms.STREAM_SLOTS
+    for numel, dtype in (
+        (algorithms.STREAM_MIN_BYTES // 4 + 1, torch.float32),
+        (3 * algorithms.STREAM_MIN_BYTES // 2 + 3, torch.float16),
+        (5 * algorithms.STREAM_MIN_BYTES + 1, torch.uint8),
+    ):
+        x = shard(numel, dtype, dist.get_rank())
+        out = torch.empty(2 * numel, dtype=dtype)
+        algorithms.all_gather_into(group, x, out)
+        assert torch.equal(out, gloo_all_gather(x)), (numel, dtype)
+        assert get_workspace(group, 0).buffer_bytes == max(ring, 1 << 20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    nbytes=st.integers(0, 20000),
+    src_offset=st.integers(0, 63),
+    dst_offset=st.integers(0, 63),
+)
+def test_nt_copy_copies_exactly_the_range(nbytes: int, src_offset: int, dst_offset: int) -> None:
+    from dt_symm_mem import ntcopy
+
+    source = torch.randint(0, 256, (nbytes + 64,), dtype=torch.uint8)
+    target = torch.zeros(nbytes + 128, dtype=torch.uint8)
+    ntcopy.copy(target.data_ptr() + dst_offset, source.data_ptr() + src_offset, nbytes)
+    assert torch.equal(target[dst_offset : dst_offset + nbytes], source[src_offset:][:nbytes])
+    assert not target[:dst_offset].any() and not target[dst_offset + nbytes :].any()
+
+
+def test_nt_copy_is_available_here_and_can_be_turned_off(monkeypatch: Any) -> None:
+    import platform
+    import sys
+
+    from dt_symm_mem import ntcopy
+
+    ntcopy.reset()
+    if sys.platform == "linux" and platform.machine() == "x86_64":
+        # This project's hosts and CI: the fast path must really be taken.
+        assert ntcopy.available(), ntcopy.unavailable_reason
+    else:
+        assert not ntcopy.available() and ntcopy.unavailable_reason
+    monkeypatch.setenv(ntcopy.DISABLE_ENV, "0")
+    ntcopy.reset()
+    try:
+        assert not ntcopy.available()
+        assert ntcopy.DISABLE_ENV in (ntcopy.unavailable_reason or "")
+        source = torch.arange(10000, dtype=torch.int32)
+        target = torch.zeros_like(source)
+        ntcopy.copy(target.data_ptr(), source.data_ptr(), 40000)
+        assert torch.equal(target, source)
+    finally:
+        monkeypatch.delenv(ntcopy.DISABLE_ENV)
+        ntcopy.reset()
+    assert os.environ.get(ntcopy.DISABLE_ENV) is None
