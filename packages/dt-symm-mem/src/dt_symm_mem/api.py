@@ -28,10 +28,18 @@ def _group_name(group: Any) -> str:
 
 def uses_torch_kernels(*tensors: Any) -> bool:
     """True when the call belongs to torch's CUDA symmetric memory (any CUDA operand)."""
-    devices = {t.device.type for t in tensors if hasattr(t, "device")}
-    if "cuda" in devices and devices - {"cuda"}:
-        raise ValueError(f"dt-symm-mem: operands on mixed devices {sorted(devices)}")
-    return devices == {"cuda"}
+    cuda = other = False
+    for t in tensors:
+        device = getattr(t, "device", None)
+        if device is not None:
+            if device.type == "cuda":
+                cuda = True
+            else:
+                other = True
+    if cuda and other:
+        devices = sorted({t.device.type for t in tensors if hasattr(t, "device")})
+        raise ValueError(f"dt-symm-mem: operands on mixed devices {devices}")
+    return cuda
 
 
 def _dim(dim: int, ndim: int) -> int:
