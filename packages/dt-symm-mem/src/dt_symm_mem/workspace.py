@@ -12,6 +12,10 @@ Op protocol (`begin_op`/`publish`/`wait_published`): op number `seq` writes slot
 A rank announces `entered = seq` when it starts op `seq`; before writing slot seq % 2 it
 waits until every peer has entered op seq - 1, i.e. finished op seq - 2 (the last reader
 of that slot). So one flag write per op suffices and no trailing barrier is needed.
+
+Chunk streams (`progress_word`/`consumed_word`, used by the streamed all-gather): within
+one op a rank publishes a running count of chunks written into a small ring in its slot,
+and each reader a running count of chunks it has copied out, both as (seq << 32) + count.
 """
 
 from __future__ import annotations
@@ -38,11 +42,11 @@ DISABLE_ENV = "DT_SYMM_MEM_DISABLE"
 DEFAULT_TIMEOUT_S = 120.0
 MIN_BUFFER_BYTES = 1 << 20
 CHANNELS = 4
-LINE_WORDS = 8
+LINE_WORDS = 8  # int64 words per 64-byte line
 SPIN_S = 200e-6  # busy-wait at most this long before yielding the core
 MIN_SPIN_S = 10e-6
 YIELD_S = 2e-3  # then yield; after this, nap between checks
-NAP_S = 50e-6  # int64 words per 64-byte line
+NAP_S = 50e-6
 _X86 = {"x86_64", "amd64", "i386", "i686"}
 
 
