@@ -76,7 +76,7 @@ def _plain_eager(op_name: str, operands: tuple) -> bool:
         return False
     plain = True
     for t in operands:
-        if t.device.type != "cpu":
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
             return False
         if t.requires_grad and torch.is_grad_enabled():
             raise RuntimeError(
