@@ -8,6 +8,7 @@ on the first call instead (importing them here would re-enter activation).
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -55,16 +56,49 @@ HANDLERS = {
 }
 
 
+def _outside_dynamo(fn: Callable[..., object]) -> Callable[..., object]:
+    """`fn`, never compiled by Dynamo. Under torch.compile a traced call is refused, so
+    Dynamo breaks the graph and runs the op eagerly; this keeps Dynamo from then compiling
+    our eager frames (the halo exchange) as if they were user code. The wrapper is made
+    only once torch._dynamo is loaded: before that nothing compiles, and it costs a lot
+    to import."""
+    wrapped: Callable[..., object] | None = None
+
+    def call(*args: Any) -> object:
+        nonlocal wrapped
+        if "torch._dynamo" not in sys.modules:
+            return fn(*args)
+        if wrapped is None:
+            import torch
+
+            wrapped = torch.compiler.disable(fn)
+        return wrapped(*args)
+
+    return call
+
+
 def _lazy(target: str) -> Callable[..., object]:
     module, name = target.split(":")
 
-    def handler(op_call: Any, args: tuple, kwargs: dict) -> object:
+    def run(op_call: Any, args: tuple, kwargs: dict) -> object:
+        validate = importlib.import_module("dt_conv.validate")
+        validate.refuse_tracing(str(op_call), args, kwargs)
         if "backward" not in op_call.__name__:  # backward runs only after forward passed
-            importlib.import_module("dt_conv.validate").raise_like_torch(op_call, args, kwargs)
+            validate.raise_like_torch(op_call, args, kwargs)
         return getattr(importlib.import_module(f"dt_conv.{module}"), name)(op_call, args, kwargs)
 
+    handler = _outside_dynamo(run)
     handler.__qualname__ = handler.__name__ = f"{module}_{name}"
     return handler
+
+
+def _circular_pad(x: Any, pad: Any) -> Any:
+    from dt_conv.padding import circular_pad
+
+    return circular_pad(x, pad)
+
+
+_circular_pad_outside_dynamo = _outside_dynamo(_circular_pad)
 
 
 # Composite ops that decompose before DTensor sees them get an autograd kernel instead.
@@ -73,15 +107,11 @@ COMPOSITE_KEYS = ("AutogradCPU", "AutogradCUDA")
 
 def _pad_circular(x: Any, pad: Any) -> Any:
     """`aten::_pad_circular`: the halo path for DTensors, torch's decomposition otherwise."""
-    import sys
-
     import torch
 
     tensor_module = sys.modules.get("torch.distributed.tensor")
     if tensor_module is not None and isinstance(x, tensor_module.DTensor):
-        from dt_conv.padding import circular_pad
-
-        return circular_pad(x, pad)
+        return _circular_pad_outside_dynamo(x, pad)
     return torch.ops.aten._pad_circular.default.decompose(x, pad)
 
 
