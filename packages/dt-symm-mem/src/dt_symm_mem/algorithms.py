@@ -132,7 +132,15 @@ def _streamed_all_gather(handle: ShmSymmMemory, src: int, out: int, nbytes: int)
     put = 0
     while True:
         moved = False
-        if put < n and (put < slots or min(flags[w] for w in read_by_them) > key + put - slots):
+        blockers = []  # peers that have not yet consumed the chunk in the slot `put` needs
+        if slots <= put < n:
+            needed = key + put - slots + 1
+            blockers = [
+                (word, needed, p)
+                for word, p in zip(read_by_them, peers, strict=True)
+                if flags[word] < needed
+            ]
+        if put < n and not blockers:
             offset = put * chunk
             size = min(chunk, nbytes - offset)
             memmove(ring + (put % slots) * chunk, src + offset, size)
@@ -160,19 +168,10 @@ def _streamed_all_gather(handle: ShmSymmMemory, src: int, out: int, nbytes: int)
             for i, p in enumerate(peers)
             if pulled[i] < n
         ]
-        if put < n:
-            needed = key + put - slots + 1
-            blockers = [
-                (word, needed, p)
-                for word, p in zip(read_by_them, peers, strict=True)
-                if flags[word] < needed
-            ]
-            if not blockers:
-                continue  # the slot came free since the check above
-            pending += blockers
-        elif not pending:
+        if put == n and not pending:
             return
-        handle.wait_any(pending, "all-gather: waiting for a peer's chunk or free slot")
+        # Blockers found above may have consumed since: then wait_any returns at once.
+        handle.wait_any(pending + blockers, "all-gather: waiting for a peer's chunk or free slot")
 
 
 def _all_gather_consume_collective(
