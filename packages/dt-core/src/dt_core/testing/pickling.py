@@ -3,13 +3,16 @@
 cloudpickle ships a by-value function's submodule references (`torch.ops` in
 `torch.ops.aten.mm`), but only plain `ModuleType` objects; torch's `torch.ops` is a
 ModuleType subclass that it then fails on. Any imported module, whatever its type, is
-sent as "import it by name" instead.
+sent as "import it by name" instead. Code objects travel through `marshal`, which
+keeps their file name: cloudpickle >= 3.1.3 renames it to "<dynamic-code>", and a
+failing rank's traceback would no longer say where the test body is.
 """
 
 from __future__ import annotations
 
 import importlib
 import io
+import marshal
 import sys
 import types
 from typing import Any
@@ -25,6 +28,8 @@ class _Pickler(cloudpickle.CloudPickler):
             and sys.modules.get(obj.__name__) is obj
         ):
             return importlib.import_module, (obj.__name__,)
+        if isinstance(obj, types.CodeType):
+            return marshal.loads, (marshal.dumps(obj),)
         return super().reducer_override(obj)
 
 
