@@ -1,0 +1,39 @@
+"""The handler kit: the chores every plugin's DTensor op handlers share, written once.
+
+- `bind_arguments` / `bind_positional`: op arguments by the op's schema.
+- `replicated_fallback`, `warn_fallback`, `reshard_like`, `replicated`: the exact path
+  for cases a handler cannot shard, warned once per op and reason (`FallbackWarning`).
+- `SettingsStore`: a plugin's settings dataclass, from `DT_<PLUGIN>_<NAME>` variables,
+  `configure()` and `scoped()` blocks; listed by `dt-plugins list --settings`.
+- `Counters`, `stats()`: per-plugin counters; `dt-plugins stats -- <command>` shows them.
+"""
+
+from __future__ import annotations
+
+from .arguments import bind_arguments, bind_positional
+from .counters import Counters, reset_stats, stats
+from .fallback import (
+    FallbackWarning,
+    forget_fallback_warnings,
+    replicated,
+    replicated_fallback,
+    reshard_like,
+    warn_fallback,
+)
+from .settings import SettingsStore, registered_settings
+
+__all__ = [
+    "Counters",
+    "FallbackWarning",
+    "SettingsStore",
+    "bind_arguments",
+    "bind_positional",
+    "forget_fallback_warnings",
+    "registered_settings",
+    "replicated",
+    "replicated_fallback",
+    "reset_stats",
+    "reshard_like",
+    "stats",
+    "warn_fallback",
+]

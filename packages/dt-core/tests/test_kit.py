@@ -1,0 +1,153 @@
+"""The handler kit: schema binding, the replicated fallback, settings and counters."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import warnings
+from typing import Literal
+
+import pytest
+import torch
+from dt_core.kit import (
+    Counters,
+    FallbackWarning,
+    SettingsStore,
+    bind_arguments,
+    bind_positional,
+    forget_fallback_warnings,
+    registered_settings,
+    replicated_fallback,
+    reset_stats,
+    stats,
+    warn_fallback,
+)
+from dt_core.testing import cpu_mesh
+
+
+def test_binding_follows_the_schema_whatever_the_spelling() -> None:
+    op = torch.ops.aten.convolution.default
+    x, w = torch.ones(1), torch.ones(1)
+    positional = bind_arguments(op, (x, w, None, [1], [0], [1], False, [0], 1), {})
+    spelled = bind_arguments(
+        op, (x, w), dict(bias=None, stride=[1], padding=[0], dilation=[1], transposed=False,
+                         output_padding=[0], groups=1)
+    )  # fmt: skip
+    assert positional == spelled
+    assert list(positional) == [a.name for a in op._schema.arguments]
+    defaults = bind_arguments(torch.ops.aten.sum.dim_IntList, (x, [0]), {})
+    assert defaults["keepdim"] is False and defaults["dtype"] is None
+    assert bind_positional(torch.ops.aten.sum.dim_IntList, (x, [0]), {})[2] is False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Knobs:
+    mode: Literal["ring", "allgather"] = "ring"
+    chunk: int = 512
+    fast: bool = True
+    sizes: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.chunk <= 0:
+            raise ValueError("chunk must be positive")
+
+
+def test_settings_precedence_scoped_configure_environment_default(monkeypatch) -> None:
+    store = SettingsStore("kit-test", _Knobs)
+    assert registered_settings()["kit-test"] is store
+    assert store.env_var("chunk") == "DT_KIT_TEST_CHUNK"
+    assert store.current() == _Knobs()
+    monkeypatch.setenv("DT_KIT_TEST_CHUNK", "64")
+    monkeypatch.setenv("DT_KIT_TEST_FAST", "0")
+    monkeypatch.setenv("DT_KIT_TEST_SIZES", "3,4,5")
+    assert store.current() == _Knobs(chunk=64, fast=False, sizes=(3, 4, 5))
+    store.configure(chunk=128)
+    assert store.current().chunk == 128 and store.current().fast is False
+    with store.scoped(mode="allgather") as inside:
+        assert inside.mode == "allgather" and store.current().chunk == 128
+    assert store.current().mode == "ring"
+    sources = {row["name"]: row["source"] for row in store.describe()}
+    assert sources == {
+        "mode": "default",
+        "chunk": "configure()",
+        "fast": "environment",
+        "sizes": "environment",
+    }
+    store.reset()
+    assert store.current().chunk == 64
+
+
+def test_settings_reject_bad_values_naming_them(monkeypatch) -> None:
+    store = SettingsStore("kit-bad", _Knobs)
+    monkeypatch.setenv("DT_KIT_BAD_MODE", "spiral")
+    with pytest.raises(ValueError, match="DT_KIT_BAD_MODE must be one of"):
+        store.current()
+    monkeypatch.delenv("DT_KIT_BAD_MODE")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        store.configure(mode="spiral")
+    with pytest.raises(ValueError, match="chunk must be positive"):
+        store.configure(chunk=-1)
+    with pytest.raises(TypeError, match="unknown settings"):
+        store.configure(chunks=3)
+    assert store.current() == _Knobs()  # failed calls changed nothing
+
+
+def test_counters_and_their_exit_report(tmp_path) -> None:
+    counters = Counters("kit-count")
+    reset_stats()
+    counters.add("bytes_sent", 100)
+    counters.add("bytes_sent", 28)
+    counters.add("fallbacks")
+    assert stats()["kit-count"] == {"bytes_sent": 128, "fallbacks": 1}
+    reset_stats()
+    assert "kit-count" not in stats()
+    report = tmp_path / "stats.jsonl"
+    code = "from dt_core.kit import Counters; c = Counters('probe'); c.add('calls', 3)"
+    env = dict(os.environ, DT_PLUGINS_STATS=str(report), DT_PLUGINS_AUTOLOAD="0")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    rows = [json.loads(line) for line in report.read_text().splitlines()]
+    assert [r["stats"] for r in rows] == [{"probe": {"calls": 3}}]
+
+
+def test_fallback_warns_once_per_op_and_reason() -> None:
+    forget_fallback_warnings("kit")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert warn_fallback("kit", "aten.foo", "odd stride")
+        assert not warn_fallback("kit", "aten.foo", "odd stride")
+        assert warn_fallback("kit", "aten.foo", "uneven groups")
+    assert [w.category for w in caught] == [FallbackWarning, FallbackWarning]
+    assert "dt-kit: aten.foo falls back to replicated inputs (odd stride)" in str(caught[0].message)
+
+
+@pytest.mark.ranks(2)
+def test_replicated_fallback_is_exact_and_keeps_layouts() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    mesh = cpu_mesh(2)
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(5, 3, generator=gen), torch.randn(3, 4, generator=gen)
+    da = distribute_tensor(a, mesh, [Shard(0)])
+    db = distribute_tensor(b, mesh, [Replicate()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = replicated_fallback("kit", "test", torch.ops.aten.mm.default, (da, db), like=[da])
+    assert out.placements == (Shard(0),)
+    assert torch.allclose(out.full_tensor(), a @ b)
+    assert any(w.category is FallbackWarning for w in caught)
+    # Several outputs: each laid out like its model, the rest replicated; Partial -> Replicate.
+    pair = replicated_fallback(
+        "kit", "test", torch.ops.aten.sort.default, (da,), {"dim": 0}, like=[da]
+    )
+    values, indices = pair
+    assert values.placements == (Shard(0),) and indices.placements == (Replicate(),)
+    assert torch.equal(values.full_tensor(), a.sort(dim=0).values)
+    fake_partial = torch.distributed.tensor.DTensor.from_local(
+        torch.zeros(5, 3), mesh, [Partial()], run_check=False
+    )
+    out = replicated_fallback("kit", "test", torch.ops.aten.neg.default, (da,), like=[fake_partial])
+    assert out.placements == (Replicate(),)
+    assert torch.equal(out.full_tensor(), -a)
