@@ -19,6 +19,7 @@ PLUGINS = {
 
 
 def run_demo(*args: str) -> subprocess.CompletedProcess:
+    """torchrun of the demo on 2 ranks; `args` must include `--out`."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "tests"), OMP_NUM_THREADS="1")
     cmd = [
         sys.executable,
@@ -33,8 +34,8 @@ def run_demo(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_small_demo_passes_every_installed_stage() -> None:
-    done = run_demo("--size", "small")
+def test_small_demo_passes_every_installed_stage(tmp_path: Path) -> None:
+    done = run_demo("--size", "small", "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     table = done.stdout[done.stdout.index("| feature") :]
     for package, module in PLUGINS.items():
@@ -44,9 +45,25 @@ def test_small_demo_passes_every_installed_stage() -> None:
         else:
             assert row.rstrip().endswith("| ok |"), row
     assert "all stages matched their references" in done.stdout
+    # The console holds progress lines and the table only; ranks' chatter is in the logs.
+    shown = [line for line in done.stdout.splitlines() if line.strip()]
+    allowed = ("dt-plugins demo:", "[", "|", "all stages", "written:", "rank logs")
+    assert all(line.startswith(allowed) for line in shown), done.stdout
+    assert done.stderr.strip() == "", done.stderr
+    assert (tmp_path / "rank-0.log").exists() and (tmp_path / "rank-1.log").exists()
+    assert (tmp_path / "results.md").read_text().strip() in done.stdout
+    if find_spec("matplotlib") is not None:
+        assert (tmp_path / "speedup.png").stat().st_size > 1000
 
 
-def test_a_stage_that_mismatches_on_one_rank_fails_the_demo() -> None:
-    done = run_demo("--size", "small", "--stages", "demo_failing_stage", "no_such_demo_module")
+def test_a_stage_that_mismatches_on_one_rank_fails_the_demo(tmp_path: Path) -> None:
+    done = run_demo(
+        "--size", "small", "--out", str(tmp_path),
+        "--stages", "demo_failing_stage", "no_such_demo_module", "demo_raising_stage",
+    )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "MISMATCH" in done.stdout and "not installed" in done.stdout
+    assert "FAILED (RuntimeError: raised on purpose)" in done.stdout
+    # The traceback went to the rank logs, not the console.
+    assert "Traceback" not in done.stdout
+    assert "raised on purpose" in (tmp_path / "rank-0.log").read_text()

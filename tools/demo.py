@@ -3,11 +3,17 @@
 Launched by torchrun (`hatch run demo` starts 2 CPU ranks on this machine; torchrun's
 `--nproc-per-node` / `--nnodes` scale it out, and with GPUs the same code runs on NCCL):
 
-    torchrun --standalone --nproc-per-node 2 tools/demo.py [--size small|full]
+    torchrun --standalone --nproc-per-node 2 tools/demo.py [--size small|full] [--out DIR]
 
 Each stage is a plugin's `dt_<name>.demo.run_stage(small)`; a plugin that is not
 installed is shown as such and the others still run. The exit code is 0 only when every
 stage that ran matched its reference.
+
+The console gets one progress line per stage and the closing table, nothing else: every
+rank's own output (torch's warnings, a failing stage's traceback) goes to
+`DIR/rank-N.log`, named at the end. The table is also written to `DIR/results.md` and
+`DIR/results.json`, next to the plots (`DIR/speedup.png`, and `DIR/loss-<stage>.png` for
+stages that report a loss curve) when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ import argparse
 import datetime
 import importlib
 import importlib.util
+import json
 import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 # (plugin package, demo module)
 STAGES = [
@@ -30,9 +38,30 @@ STAGES = [
 ]
 
 
+_console = sys.stdout  # replaced by a handle on the real terminal once logs are redirected
+
+
 def _say(message: str) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
-        print(message, flush=True)
+        print(message, file=_console, flush=True)
+
+
+def _redirect_rank_output(out: Path) -> Path:
+    """Send this rank's stdout and stderr (Python's and C++'s alike) to its log file.
+
+    Rank 0 keeps a handle on the terminal for the progress lines and the table.
+    """
+    global _console
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / f"rank-{os.environ.get('RANK', '0')}.log"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _console = os.fdopen(os.dup(1), "w", buffering=1)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return log
 
 
 def _init() -> None:
@@ -106,13 +135,71 @@ def _table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def _plot(rows: list[tuple[str, dict]], out: Path) -> list[Path]:
+    """Speed-up per stage, and each reported loss curve against its reference."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    done = [(p, r) for p, r in rows if r.get("time_s") and "error" not in r]
+    written = []
+    if done:
+        fig, ax = plt.subplots(figsize=(6.4, 0.6 + 0.55 * len(done)))
+        names = [p for p, _ in done][::-1]
+        ratios = [r["baseline_time_s"] / r["time_s"] for _, r in done][::-1]
+        bars = ax.barh(names, ratios, color=["#3b7dd8" if x >= 1 else "#d8823b" for x in ratios])
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        for bar, (_, r) in zip(bars, done[::-1], strict=True):
+            label = f" {bar.get_width():.2f}x  (max err {r['max_error']:.1e})"
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center")
+        ax.set_xlabel("speed-up: time without the plugin / time with it (same run)")
+        ax.set_xlim(0, max(ratios) * 1.6)
+        fig.tight_layout()
+        written.append(out / "speedup.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    for package, r in done:
+        curve = r.get("loss_curve")
+        if not curve:
+            continue
+        fig, ax = plt.subplots(figsize=(5.4, 3.4))
+        ax.plot(curve["reference"], "o-", label="one process (reference)")
+        ax.plot(curve["sharded"], "x--", label=curve.get("label", "sharded"))
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.legend()
+        fig.tight_layout()
+        written.append(out / f"loss-{package}.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
+
+
+def _write_results(rows: list[tuple[str, dict]], table: str, out: Path) -> list[Path]:
+    (out / "results.md").write_text(table + "\n")
+    plain = {
+        p: {k: v for k, v in r.items() if isinstance(v, str | int | float | bool | dict)}
+        for p, r in rows
+    }
+    (out / "results.json").write_text(json.dumps(plain, indent=1, default=str) + "\n")
+    return [out / "results.md", *_plot(rows, out)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "full"], default="full")
     parser.add_argument(
         "--stages", nargs="*", help="demo modules to run instead of the four plugins' ones"
     )
+    parser.add_argument(
+        "--out", type=Path, default=Path("build/demo"), help="logs, table and plots go here"
+    )
     args = parser.parse_args()
+    out = args.out.resolve()
+    log = _redirect_rank_output(out)
     _init()
     import torch.distributed as dist
 
@@ -132,11 +219,16 @@ def main() -> int:
             status = "ok" if result["ok"] else "MISMATCH vs reference"
         _say(f"[{i}/{len(stages)}] {package}: {status} ({result.get('wall_s', 0):.1f} s)")
         rows.append((package, result))
+    table = _table(rows)
     _say("")
-    _say(_table(rows))
+    _say(table)
     ran = [r for _, r in rows if not r.get("missing")]
     passed = bool(ran) and all(r["ok"] for r in ran)
     _say(f"\n{'all stages matched their references' if passed else 'SOME STAGES FAILED'}")
+    if dist.get_rank() == 0:
+        written = _write_results(rows, table, out)
+        _say("written: " + ", ".join(os.path.relpath(p) for p in written))
+    _say(f"rank logs (torch's warnings, tracebacks): {log.parent}/rank-*.log")
     dist.destroy_process_group()
     return 0 if passed else 1
 
