@@ -54,6 +54,33 @@ def test_args_kwargs_and_rank_state(dist_world):
     assert dist_world(2).run(body, 10, scale=3) == [(10, 1), (13, 1)]
 
 
+@pytest.mark.ranks(2, 4)
+@pytest.mark.parametrize("scale", [1.0, 3.0])
+def test_marker_with_several_sizes_runs_once_per_size(scale, world_size):
+    assert dist.get_world_size() == world_size
+    assert scale in (1.0, 3.0)
+
+
+def test_marker_sizes_become_test_ids(pytester):
+    pytester.makepyfile(
+        test_sizes="""
+import pytest
+import torch.distributed as dist
+
+@pytest.mark.ranks(2, 4)
+def test_size(world_size):
+    assert dist.get_world_size() == world_size
+
+@pytest.mark.ranks(2)
+def test_one_size(world_size):
+    assert world_size == dist.get_world_size() == 2
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*test_size?2ranks?*PASSED*", "*test_size?4ranks?*PASSED*"])
+
+
 @pytest.mark.ranks(2)
 @pytest.mark.parametrize("scale", [1.0, 3.0])
 def test_marker_runs_body_on_every_rank(scale, tmp_path):

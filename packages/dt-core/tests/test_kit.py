@@ -100,8 +100,10 @@ def test_counters_and_their_exit_report(tmp_path) -> None:
     reset_stats()
     counters.add("bytes_sent", 100)
     counters.add("bytes_sent", 28)
+    before = counters.snapshot()
     counters.add("fallbacks")
     assert stats()["kit-count"] == {"bytes_sent": 128, "fallbacks": 1}
+    assert counters.changes(before) == {"fallbacks": 1}
     reset_stats()
     assert "kit-count" not in stats()
     report = tmp_path / "stats.jsonl"

@@ -34,9 +34,9 @@ def test_compiled_graph_uses_fused_ops_with_equal_numerics() -> None:
     W = torch.randint(-2, 3, (8, 6), generator=torch.Generator().manual_seed(3)).float()
     torch._dynamo.reset()
     compiled = torch.compile(layer, fullgraph=True)
-    before = dict(ops.CALLS)
+    before = ops.counters.snapshot()
     got = compiled(x, y, B1, B2, W)
-    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items()}
+    calls = ops.counters.changes(before)
     assert calls.get("fused_all_gather_matmul") == 2, calls
     assert calls.get("fused_matmul_reduce_scatter") == 1, calls
     want = layer(x, y, B1, B2, W)
@@ -68,9 +68,9 @@ def test_fused_ops_called_directly_trace_under_compile() -> None:
     x = torch.randint(-2, 3, (4, 2, 3), generator=torch.Generator().manual_seed(rank)).float()
     B = torch.randint(-2, 3, (3, 3)).float()
     torch._dynamo.reset()
-    before = dict(ops.CALLS)
+    before = ops.counters.snapshot()
     got = torch.compile(block, fullgraph=True)(x, B)
-    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items() if v != before.get(k, 0)}
+    calls = ops.counters.changes(before)
     assert calls == {
         "fused_all_gather_matmul": 1,
         "fused_matmul_reduce_scatter": 1,
@@ -109,9 +109,9 @@ def test_scaled_ops_trace_with_torchs_meta_kernels() -> None:
     B = torch.randint(-2, 3, (16, 32)).float().to(fp8).t().contiguous().t()  # Meta: 16 | dims
     s = torch.tensor(0.5)
     torch._dynamo.reset()
-    before = dict(ops.CALLS)
+    before = ops.counters.snapshot()
     got = torch.compile(block, backend="aot_eager", fullgraph=True)(x, B, s)
-    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items() if v != before.get(k, 0)}
+    calls = ops.counters.changes(before)
     assert calls == {"fused_all_gather_scaled_matmul": 1, "fused_scaled_matmul_reduce_scatter": 1}
     want = block(x, B, s)
     for g, w in zip(got, want, strict=True):

@@ -158,13 +158,8 @@ def run_matmul_cases() -> None:
     check_random_floats(name)
 
 
-@pytest.mark.ranks(2)
-def test_fused_matmul_ops_2_ranks() -> None:
-    run_matmul_cases()
-
-
-@pytest.mark.ranks(4)
-def test_fused_matmul_ops_4_ranks() -> None:
+@pytest.mark.ranks(2, 4)
+def test_fused_matmul_ops() -> None:
     run_matmul_cases()
 
 
@@ -194,13 +189,8 @@ def run_low_contention_cases() -> None:
     assert not failures, failures
 
 
-@pytest.mark.ranks(2)
-def test_low_contention_2_ranks() -> None:
-    run_low_contention_cases()
-
-
-@pytest.mark.ranks(4)
-def test_low_contention_4_ranks() -> None:
+@pytest.mark.ranks(2, 4)
+def test_low_contention() -> None:
     run_low_contention_cases()
 
 
@@ -226,7 +216,7 @@ def test_python_api_matches_ops() -> None:
     torch.ops (plugin kernels installed) and directly (as when the plugin is disabled)."""
     from dt_symm_mem import api, ops
 
-    before = dict(ops.CALLS)
+    before = ops.counters.snapshot()
     check_python_api()
     saved = api._cpu_kernel_installed
     api._cpu_kernel_installed = lambda _name: False
@@ -234,7 +224,7 @@ def test_python_api_matches_ops() -> None:
         check_python_api()
     finally:
         api._cpu_kernel_installed = saved
-    calls = {k: v - before.get(k, 0) for k, v in ops.CALLS.items()}
+    calls = ops.counters.changes(before)
     assert calls["fused_all_gather_matmul"] == 2 and calls["low_contention_all_gather"] == 2
 
 

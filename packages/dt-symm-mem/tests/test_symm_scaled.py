@@ -120,11 +120,6 @@ def run_scaled_cases() -> None:
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.ranks(2)
-def test_scaled_ops_2_ranks() -> None:
-    run_scaled_cases()
-
-
-@pytest.mark.ranks(4)
-def test_scaled_ops_4_ranks() -> None:
+@pytest.mark.ranks(2, 4)
+def test_scaled_ops() -> None:
     run_scaled_cases()

@@ -96,13 +96,8 @@ def run_property() -> None:
     assert len(taken) > 20 and max(taken) > 8 * 12304, taken
 
 
-@pytest.mark.ranks(2)
-def test_streamed_all_gather_property_2_ranks() -> None:
-    run_property()
-
-
-@pytest.mark.ranks(4)
-def test_streamed_all_gather_property_4_ranks() -> None:
+@pytest.mark.ranks(2, 4)
+def test_streamed_all_gather_property() -> None:
     run_property()
 
 

@@ -9,19 +9,19 @@ Meta kernels (Inductor asserts them), and runs the micro-pipelined exchange of
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from dt_core.compat import symm_mem as compat
+from dt_core.kit import Counters
 
 from dt_symm_mem.algorithms import all_gather_consume, all_gather_into, produce_all_to_all
 
 REDUCE_OPS = ("sum", "avg")
 # How often each kernel ran in this process (tests use it to see a compiled graph call
 # the fused ops; cheap enough to keep).
-CALLS: Counter[str] = Counter()
+counters = Counters("symm-mem")  # kernel calls by op name (tests, `dt-plugins stats`)
 
 
 def resolve_group(group: Any) -> Any:
@@ -70,6 +70,16 @@ def _check_ag_args(A_shard: torch.Tensor, Bs: list[torch.Tensor], gather_dim: in
         raise ValueError("Invalid gather_dim")
 
 
+def _check_rs_args(A: torch.Tensor, B: torch.Tensor, scatter_dim: int, bad_dim: str) -> None:
+    """torch's checks of the matmul-reduce-scatters' operands, in its order and words."""
+    if A.dim() < 2:
+        raise ValueError("A_shard must be a matrix")
+    if scatter_dim < 0 or scatter_dim >= A.dim():
+        raise ValueError(bad_dim)
+    if B.dim() != 2:
+        raise ValueError("B must be a matrix")
+
+
 def _all_gather_mm_rows(
     group: Any,
     A_shard: torch.Tensor,
@@ -115,7 +125,7 @@ def fused_all_gather_matmul(
     return_A: bool = True,
 ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
     """`all_gather(A_shard, gather_dim) @ B` for each B; returns (A or None, [A @ B...])."""
-    CALLS["fused_all_gather_matmul"] += 1
+    counters.add("fused_all_gather_matmul")
     _check_ag_args(A_shard, Bs, gather_dim)
     group = resolve_group(group_name)
     if gather_dim == A_shard.dim() - 1:
@@ -207,7 +217,7 @@ def fused_all_gather_scaled_matmul(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """`_scaled_mm(all_gather(A_shard, gather_dim), B, A_scale, B_scale, ...)` for each B.
     A_scale is tensor-wise, row-wise sharded (like A_shard) or row-wise replicated."""
-    CALLS["fused_all_gather_scaled_matmul"] += 1
+    counters.add("fused_all_gather_scaled_matmul")
     _check_ag_args(A_shard, Bs, gather_dim)
     for name, items in (
         ("B_scales", B_scales),
@@ -286,13 +296,8 @@ def fused_matmul_reduce_scatter(
 ) -> torch.Tensor:
     """`reduce_scatter(A @ B, reduce_op, scatter_dim)`: each destination's chunk is
     produced straight into shared memory while peers pull the previous one."""
-    CALLS["fused_matmul_reduce_scatter"] += 1
-    if A.dim() < 2:
-        raise ValueError("A_shard must be a matrix")
-    if scatter_dim < 0 or scatter_dim >= A.dim():
-        raise ValueError("Invalid gather_dim")
-    if B.dim() != 2:
-        raise ValueError("B must be a matrix")
+    counters.add("fused_matmul_reduce_scatter")
+    _check_rs_args(A, B, scatter_dim, "Invalid gather_dim")
     _check_reduce_op(reduce_op)
     group = resolve_group(group_name)
     world = group.size()
@@ -343,14 +348,9 @@ def fused_scaled_matmul_reduce_scatter(
     kernel, which splits A's flattened rows along `scatter_dim_after_maybe_reshape`, is
     right only for dims 0 and 1 without a reshape). Scatter along the last dim chunks B's
     columns (and row-wise B scales, bias)."""
-    CALLS["fused_scaled_matmul_reduce_scatter"] += 1
+    counters.add("fused_scaled_matmul_reduce_scatter")
     sd = scatter_dim_after_maybe_reshape
-    if A.dim() < 2:
-        raise ValueError("A_shard must be a matrix")
-    if sd < 0 or sd >= A.dim():
-        raise ValueError("Invalid scatter dim for 2D tensor input to scaled_mm")
-    if B.dim() != 2:
-        raise ValueError("B must be a matrix")
+    _check_rs_args(A, B, sd, "Invalid scatter dim for 2D tensor input to scaled_mm")
     if output_shape is None:
         output_shape = [*A.shape[:-1], B.shape[1]]
     output_shape = [int(s) for s in output_shape]
@@ -429,7 +429,7 @@ def low_contention_all_gather(
 ) -> torch.Tensor:
     """all-gather along dim 0 through shared memory (pull, ring order). `out` (shape
     (world * tensor.shape[0], ...), contiguous) avoids allocating the result."""
-    CALLS["low_contention_all_gather"] += 1
+    counters.add("low_contention_all_gather")
     group = resolve_group(group_name)
     world = group.size()
     shape = (world * tensor.shape[0], *tensor.shape[1:])
@@ -445,7 +445,7 @@ def low_contention_reduce_scatter(
     tensor: torch.Tensor, reduce_op: str, group_name: Any
 ) -> torch.Tensor:
     """reduce-scatter along dim 0 (sum or avg): all-to-all of chunks, then one reduction."""
-    CALLS["low_contention_reduce_scatter"] += 1
+    counters.add("low_contention_reduce_scatter")
     _check_reduce_op(reduce_op)
     group = resolve_group(group_name)
     world = group.size()

@@ -40,6 +40,11 @@ class Counters:
     def snapshot(self) -> dict[str, float]:
         return dict(self._values)
 
+    def changes(self, before: dict[str, float]) -> dict[str, float]:
+        """What changed since `before` (an earlier snapshot), non-zero changes only."""
+        now = self.snapshot()
+        return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
+
     def reset(self) -> None:
         self._values.clear()
 

@@ -18,14 +18,40 @@ if TYPE_CHECKING:
     from dt_core.testing.world import World
 
 _MARKER_HELP = (
-    "ranks(n, timeout=None): run the test body on each of n ranks (spawned CPU processes in a "
-    "gloo process group, shared between tests); parametrize arguments and picklable fixture "
-    "values are passed along; timeout in seconds defaults to $DT_TEST_RANK_TIMEOUT or 120."
+    "ranks(n, ..., timeout=None): run the test body on each of n ranks (spawned CPU processes "
+    "in a gloo process group, shared between tests); several sizes run the test once per "
+    "size (ids '2ranks', '4ranks'; the fixture `world_size` gives it); parametrize arguments "
+    "and picklable fixture values are passed along; timeout in seconds defaults to "
+    "$DT_TEST_RANK_TIMEOUT or 120."
 )
+WORLD_SIZE_FIXTURE = "world_size"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`ranks(2, 4)`: one test per world size."""
+    marker = metafunc.definition.get_closest_marker("ranks")
+    if marker is None:
+        return
+    sizes, _ = _ranks_args(*marker.args, **marker.kwargs)
+    if len(sizes) > 1:
+        if WORLD_SIZE_FIXTURE not in metafunc.fixturenames:
+            metafunc.fixturenames.append(WORLD_SIZE_FIXTURE)
+        metafunc.parametrize(WORLD_SIZE_FIXTURE, sizes, ids=[f"{n}ranks" for n in sizes])
+
+
+@pytest.fixture
+def world_size(request: pytest.FixtureRequest) -> int:
+    """The number of ranks a `ranks(...)` test runs on."""
+    if hasattr(request, "param"):
+        return int(request.param)
+    marker = request.node.get_closest_marker("ranks")
+    if marker is None:
+        raise pytest.UsageError("the world_size fixture needs a ranks(...) marker")
+    return _ranks_args(*marker.args, **marker.kwargs)[0][0]
 
 
 @pytest.fixture
@@ -43,7 +69,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker("ranks")
     if marker is None:
         return None
-    world_size, timeout = _ranks_args(*marker.args, **marker.kwargs)
+    sizes, timeout = _ranks_args(*marker.args, **marker.kwargs)
+    callspec = getattr(pyfuncitem, "callspec", None)
+    world_size = int(callspec.params.get(WORLD_SIZE_FIXTURE, sizes[0]) if callspec else sizes[0])
     from dt_core.testing.world import RankFailure, get_world
 
     _ship_by_value(pyfuncitem.module)
@@ -66,8 +94,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     pytest.fail(str(outcome), pytrace=False)
 
 
-def _ranks_args(world_size: int, timeout: float | None = None) -> tuple[int, float | None]:
-    return world_size, timeout
+def _ranks_args(*sizes: int, timeout: float | None = None) -> tuple[tuple[int, ...], float | None]:
+    if not sizes or not all(isinstance(n, int) and n > 0 for n in sizes):
+        raise pytest.UsageError(f"ranks(...) takes positive world sizes, got {sizes}")
+    return tuple(sizes), timeout
 
 
 def _pickling_problem(value: Any) -> str | None:
