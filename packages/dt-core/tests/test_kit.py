@@ -153,3 +153,30 @@ def test_replicated_fallback_is_exact_and_keeps_layouts() -> None:
     out = replicated_fallback("kit", "test", torch.ops.aten.neg.default, (da,), like=[fake_partial])
     assert out.placements == (Replicate(),)
     assert torch.equal(out.full_tensor(), -a)
+
+
+def test_stats_run_sums_counters_over_processes() -> None:
+    from dt_core.kit.report import run_with_stats, stats_table
+
+    code = (
+        "import subprocess, sys\n"
+        "from dt_core.kit import Counters\n"
+        "Counters('probe').add('calls', 2)\n"
+        "subprocess.run([sys.executable, '-c', "
+        "\"from dt_core.kit import Counters; Counters('probe').add('calls', 5)\"], check=True)\n"
+    )
+    exit_code, totals, processes = run_with_stats([sys.executable, "-c", code])
+    assert exit_code == 0 and processes == 2
+    assert totals == {"probe": {"calls": 7}}
+    assert stats_table(totals, processes).splitlines()[-1].split() == ["probe", "calls", "7"]
+
+
+def test_settings_table_lists_every_store(monkeypatch) -> None:
+    from dt_core.kit.report import settings_table
+
+    SettingsStore("kit-table", _Knobs)
+    monkeypatch.setenv("DT_KIT_TABLE_CHUNK", "32")
+    row = next(r.split() for r in settings_table().splitlines() if "DT_KIT_TABLE_CHUNK" in r)
+    assert row == ["kit-table", "chunk", "32", "environment", "DT_KIT_TABLE_CHUNK"]
+    monkeypatch.setenv("DT_KIT_TABLE_MODE", "spiral")
+    assert "invalid: DT_KIT_TABLE_MODE must be one of" in settings_table()
