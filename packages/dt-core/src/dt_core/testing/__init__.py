@@ -2,8 +2,10 @@
 
 Use the pytest plugin (`@pytest.mark.ranks(n)`, the `dist_world` fixture) or call
 `get_world(n).run(fn)` / `run_on_ranks(fn)` directly; `cpu_mesh` builds meshes on the ranks.
+`simulated_ranks(n)` runs N ranks in this one process instead (torch's LocalTensorMode).
 """
 
+from dt_core.testing.local_ranks import per_rank, rank_values, simulated_ranks
 from dt_core.testing.mesh import cpu_mesh
 from dt_core.testing.world import (
     RankError,
@@ -19,6 +21,9 @@ __all__ = [
     "RankFailure",
     "World",
     "cpu_mesh",
+    "per_rank",
+    "rank_values",
+    "simulated_ranks",
     "get_world",
     "run_on_ranks",
     "shutdown_worlds",

@@ -1,0 +1,68 @@
+"""torch's LocalTensorMode (one process simulating every rank), as plugins need it.
+
+Checked against torch 2.13 (`torch.distributed._local_tensor`, and the fake process group
+of `torch.testing._internal.distributed.fake_pg` for one-process worlds).
+
+Interface (plain functions):
+    MODULE                                   the module whose import makes rules installable
+    local_tensor_mode_type() -> type         torch's LocalTensorMode
+    register_mode_rule(lib, op, fn)          fn(mode, func, types, args, kwargs) runs for `op`
+                                             under LocalTensorMode (removed with `lib`)
+    is_local_tensor(t) -> bool
+    rank_values(t) -> {rank: tensor}         what each simulated rank holds
+    fake_process_group(world_size)           context: a fake default group of that size
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from . import ensure_supported_torch
+
+MODULE = "torch.distributed._local_tensor"
+
+
+def local_tensor_mode_type() -> type:
+    ensure_supported_torch()
+    from torch.distributed._local_tensor import LocalTensorMode
+
+    return LocalTensorMode
+
+
+def register_mode_rule(lib: Any, op: str, fn: Callable[..., Any]) -> None:
+    """Run `fn` for `op` (qualified name) while LocalTensorMode is active; public
+    `torch.library.register_torch_dispatch`, owned by `lib` so destroying it removes it."""
+    import torch
+
+    torch.library.register_torch_dispatch(op, local_tensor_mode_type(), fn, lib=lib)
+
+
+def is_local_tensor(t: object) -> bool:
+    ensure_supported_torch()
+    import sys
+
+    module = sys.modules.get(MODULE)
+    return module is not None and isinstance(t, module.LocalTensor)
+
+
+def rank_values(t: Any) -> dict[int, Any]:
+    """The plain tensor each simulated rank holds in LocalTensor `t`."""
+    return dict(t._local_tensors)
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[Any]:
+    """A default process group of `world_size` ranks that sends nothing (rank 0 here)."""
+    ensure_supported_torch()
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
