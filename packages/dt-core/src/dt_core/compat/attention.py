@@ -9,17 +9,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..contributions import Patch
 from . import ensure_supported_torch
+from .process_groups import resolve_process_group  # noqa: F401 - dt-cp imports it from here
 
 _patch_lock = threading.Lock()
-
-
-def resolve_process_group(group_name: str) -> Any:
-    """The ProcessGroup registered under `group_name` (custom ops take groups by name)."""
-    ensure_supported_torch()
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    return _resolve_process_group(group_name)
 
 
 def install_hop_subclass_impl(hop: Any, subclass: type, fn: Callable[..., Any]) -> Any:
@@ -81,6 +75,36 @@ def _validate_device(query: Any, key: Any, value: Any) -> None:
         # The refusal is about torch's own CPU kernels; a DTensor rule does the backward.
         query, key, value = query.detach(), key.detach(), value.detach()
     _original_validate_device(query, key, value)
+
+
+def _deferring_cpu_backward_check(original: Callable[..., None]) -> Callable[..., None]:
+    """torch's `_validate_device` (`original`), minus its CPU-backward refusal for DTensors
+    that a DTensor flex_attention_backward rule will differentiate."""
+
+    def validate_device(query: Any, key: Any, value: Any) -> None:
+        if _has_subclass_backward(query):
+            query, key, value = query.detach(), key.detach(), value.detach()
+        original(query, key, value)
+
+    return validate_device
+
+
+def flex_cpu_backward_check_patch() -> Patch:
+    """The patch dt-cp contributes (dt-core installs and restores it): torch 2.13's
+    `flex_attention` front end refuses CPU inputs that need gradients before any dispatch,
+    so no HOP rule could answer; the replacement skips only that refusal, and only for
+    DTensors while flex_attention_backward has a DTensor rule. See
+    `defer_flex_cpu_backward_check` for the same change made by hand."""
+    ensure_supported_torch()
+    import torch.nn.attention.flex_attention as front_end
+
+    return Patch(
+        front_end,
+        "_validate_device",
+        _deferring_cpu_backward_check,
+        torch_versions=">=2.13.0,<2.14",
+        wrap_original=True,
+    )
 
 
 def defer_flex_cpu_backward_check() -> None:

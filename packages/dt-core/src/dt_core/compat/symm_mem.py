@@ -22,14 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import ensure_supported_torch
-
-
-def resolve_process_group(group_name: str) -> Any:
-    """The ProcessGroup registered under `group_name` (what the symm_mem ops receive)."""
-    ensure_supported_torch()
-    import torch.distributed.distributed_c10d as c10d
-
-    return c10d._resolve_process_group(group_name)
+from .process_groups import resolve_process_group  # noqa: F401 - dt-symm-mem imports it here
 
 
 def group_name_of(group: Any) -> str:

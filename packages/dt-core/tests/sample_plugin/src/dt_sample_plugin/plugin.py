@@ -6,6 +6,8 @@ from typing import Any
 
 from dt_core import GraphPass, LibraryOps, OpHandler, ShardingStrategy, hookimpl
 
+DT_API = ">=1.0,<2"  # dt-core hook API this plugin is written for
+
 # Tests read and change these.
 PASS_SETTINGS: dict[str, Any] = {"mode": "count"}
 pass_calls: list[int] = []  # node counts of the graphs the pass saw
