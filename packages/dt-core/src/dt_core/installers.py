@@ -79,6 +79,11 @@ def install_patch(owner: str, patch: Patch) -> Undo:
             f"not {torch_version()}: upgrade the plugin"
         )
     target = patch_target(patch)
+    if not hasattr(target, patch.attribute):
+        raise DtPluginError(
+            f"{patch.claim()}: there is no such attribute in torch {torch_version()}, so the "
+            "patch does not fit this torch: upgrade the plugin"
+        )
     own = vars(target) if hasattr(target, "__dict__") else {}
     previous = own.get(patch.attribute, MISSING)
     original = getattr(target, patch.attribute)
