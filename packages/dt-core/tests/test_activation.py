@@ -14,7 +14,8 @@ import dt_core
 import pytest
 import torch
 import torch.distributed.tensor  # noqa: F401 - the handler tables live here
-from dt_core.compat import dispatch, inductor_passes
+from dt_core.compat import dispatch
+from dt_core.testing.torch_state import installed_graph_passes
 
 IS_SAME_SIZE = torch.ops.aten.is_same_size.default
 CONV = torch.ops.aten.convolution.default
@@ -159,11 +160,11 @@ def test_user_passes_stay_in_place_and_keep_running(core) -> None:
     config.post_grad_custom_post_pass = user_pass
     try:
         dt_core.activate()
-        installed = inductor_passes.installed_graph_passes("post_grad_post")
+        installed = installed_graph_passes("post_grad_post")
         assert installed[0] is user_pass and len(installed) >= 2
         # A later assignment by the user keeps the plugins' passes after the user's.
         config.post_grad_custom_post_pass = [user_pass, user_pass]
-        installed = inductor_passes.installed_graph_passes("post_grad_post")
+        installed = installed_graph_passes("post_grad_post")
         assert installed[:2] == (user_pass, user_pass) and len(installed) >= 3
         assert any(repr(p) == "<dt pass passer:mine>" for p in installed)
         dt_core.deactivate()

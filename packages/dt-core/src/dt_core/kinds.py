@@ -49,7 +49,6 @@ class Kind:
     column: Column  # where `dt-plugins list` shows the claims
     describe: Callable[[Any], dict[str, Any]] | None = None  # extra detail for the listing
     after_change: Callable[[], None] | None = None  # once after installing or removing any
-    since_api: str = "1.0"  # hook API version that introduced the kind
 
 
 KINDS: tuple[Kind, ...] = (
@@ -100,7 +99,6 @@ KINDS: tuple[Kind, ...] = (
         lambda owner, patch: [patch.claim()],
         "patches",
         describe=lambda patch: {"torch": patch.torch_versions or "any"},
-        since_api="1.1",
     ),
     Kind(
         "graph_passes",

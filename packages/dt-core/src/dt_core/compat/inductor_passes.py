@@ -65,7 +65,8 @@ def inductor_config() -> Any:
     return config
 
 
-def _as_list(value: Any) -> list[Any]:
+def as_list(value: Any) -> list[Any]:
+    """A pass setting's value (None, one pass, or a list) as a list of passes."""
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
@@ -81,7 +82,7 @@ def _merged(user_value: Any, managed: Sequence[Any]) -> Any:
     """The user's passes first, as they set them, then dt-core's."""
     if not managed:
         return user_value
-    return [p for p in _as_list(user_value) if p not in managed] + list(managed)
+    return [p for p in as_list(user_value) if p not in managed] + list(managed)
 
 
 def _ensure_guard(config: Any) -> None:
@@ -105,7 +106,7 @@ def _ensure_guard(config: Any) -> None:
 
 def _user_passes(config: Any, setting: str) -> list[Any]:
     ours = _ours(setting)
-    return [p for p in _as_list(getattr(config, setting)) if p not in ours]
+    return [p for p in as_list(getattr(config, setting)) if p not in ours]
 
 
 def add_graph_pass(stage: PassStage, sort_key: Any, graph_pass: Any) -> None:
@@ -140,12 +141,6 @@ def remove_graph_pass(stage: PassStage, graph_pass: Any) -> None:
         del _managed[setting]
         before = _user_value_before.pop(setting, None)
         # Unchanged since activation: give back the user's very object (None, a pass, a list).
-        setattr(config, setting, before if _as_list(before) == user else (user or None))
+        setattr(config, setting, before if as_list(before) == user else (user or None))
         if not _managed and isinstance(config, _guard_class):  # type: ignore[arg-type]
             object.__setattr__(config, "__class__", _unguarded_class)
-
-
-def installed_graph_passes(stage: PassStage) -> tuple[Any, ...]:
-    """What Inductor will run for `stage`, in order (user passes and dt-core's)."""
-    config = inductor_config()
-    return tuple(_as_list(getattr(config, STAGE_SETTINGS[stage])))

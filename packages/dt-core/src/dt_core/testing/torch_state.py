@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dt_core.compat import dispatch, hop_rules, inductor_passes, library, sharding_rules
-from dt_core.contributions import Patch
+from dt_core.contributions import PassStage, Patch
 from dt_core.installers import patch_target
 
 # Dispatch keys whose kernel registrations a plugin's torch.library ops can add to.
@@ -74,3 +74,9 @@ def differences(before: Snapshot, after: Snapshot) -> list[str]:
             elif entries[key] is not later[key]:
                 found.append(f"{table}: {key!r} is {later[key]!r}, was {entries[key]!r}")
     return sorted(found)
+
+
+def installed_graph_passes(stage: PassStage) -> tuple[Any, ...]:
+    """What Inductor will run for `stage`, in order (user passes and dt-core's)."""
+    config = inductor_passes.inductor_config()
+    return tuple(inductor_passes.as_list(getattr(config, inductor_passes.STAGE_SETTINGS[stage])))
