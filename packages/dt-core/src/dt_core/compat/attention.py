@@ -59,7 +59,9 @@ def flex_attention_hops() -> tuple[Any, Any]:
     return flex_attention, flex_attention_backward
 
 
-_original_validate_device: Any = None
+# The wrapper `defer_flex_cpu_backward_check` installed and what it replaced.
+_deferred: dict[str, Any] = {}
+_DEFERS_MARK = "_dt_defers_cpu_backward"
 
 
 def _has_subclass_backward(query: Any) -> bool:
@@ -68,13 +70,6 @@ def _has_subclass_backward(query: Any) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(query, DTensor) and DTensor in flex_attention_backward.python_key_table
-
-
-def _validate_device(query: Any, key: Any, value: Any) -> None:
-    if _has_subclass_backward(query):
-        # The refusal is about torch's own CPU kernels; a DTensor rule does the backward.
-        query, key, value = query.detach(), key.detach(), value.detach()
-    _original_validate_device(query, key, value)
 
 
 def _deferring_cpu_backward_check(original: Callable[..., None]) -> Callable[..., None]:
@@ -86,6 +81,7 @@ def _deferring_cpu_backward_check(original: Callable[..., None]) -> Callable[...
             query, key, value = query.detach(), key.detach(), value.detach()
         original(query, key, value)
 
+    setattr(validate_device, _DEFERS_MARK, True)
     return validate_device
 
 
@@ -116,15 +112,15 @@ def defer_flex_cpu_backward_check() -> None:
     refusal, and only while flex_attention_backward has a DTensor rule registered and the
     inputs are DTensors; otherwise torch's check runs unchanged. Idempotent.
     """
-    global _original_validate_device
     ensure_supported_torch()
     import torch.nn.attention.flex_attention as front_end
 
     with _patch_lock:
-        if front_end._validate_device is _validate_device:
-            return
-        _original_validate_device = front_end._validate_device
-        front_end._validate_device = _validate_device
+        if getattr(front_end._validate_device, _DEFERS_MARK, False):
+            return  # already deferred (here, or by dt-cp's patch through dt-core)
+        _deferred["original"] = front_end._validate_device
+        _deferred["wrapper"] = _deferring_cpu_backward_check(front_end._validate_device)
+        front_end._validate_device = _deferred["wrapper"]
 
 
 def restore_flex_cpu_backward_check() -> None:
@@ -132,5 +128,6 @@ def restore_flex_cpu_backward_check() -> None:
     import torch.nn.attention.flex_attention as front_end
 
     with _patch_lock:
-        if front_end._validate_device is _validate_device:
-            front_end._validate_device = _original_validate_device
+        if _deferred and front_end._validate_device is _deferred["wrapper"]:
+            front_end._validate_device = _deferred.pop("original")
+            _deferred.clear()
