@@ -1,6 +1,7 @@
 """Private torch APIs the context-parallel attention plugin (dt-cp) needs.
 
 Plain functions only; each checks the torch range before its first private access.
+Checked against torch 2.13.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ..contributions import Patch
 from . import ensure_supported_torch
 from .process_groups import resolve_process_group  # noqa: F401 - dt-cp imports it from here
 
+CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
 _patch_lock = threading.Lock()
 
 
@@ -22,7 +24,7 @@ def install_hop_subclass_impl(hop: Any, subclass: type, fn: Callable[..., Any]) 
     Returns what was registered before (or None) so `remove_hop_subclass_impl` can put
     it back; torch has no public way to take a HOP's subclass rule out again.
     """
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     table = hop.python_key_table
     previous = table.pop(subclass, None)
     hop.py_impl(subclass)(fn)
@@ -31,7 +33,7 @@ def install_hop_subclass_impl(hop: Any, subclass: type, fn: Callable[..., Any]) 
 
 def remove_hop_subclass_impl(hop: Any, subclass: type, previous: Any) -> None:
     """Undo `install_hop_subclass_impl`."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     table = hop.python_key_table
     table.pop(subclass, None)
     if previous is not None:
@@ -41,7 +43,7 @@ def remove_hop_subclass_impl(hop: Any, subclass: type, previous: Any) -> None:
 
 def is_traced(t: Any) -> bool:
     """Whether `t` is a fake/functional tensor of a trace (torch.compile, export)."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
@@ -53,7 +55,7 @@ def is_traced(t: Any) -> bool:
 
 def flex_attention_hops() -> tuple[Any, Any]:
     """torch's flex_attention forward and backward higher-order operators."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
 
     return flex_attention, flex_attention_backward
@@ -91,7 +93,7 @@ def flex_cpu_backward_check_patch() -> Patch:
     so no HOP rule could answer; the replacement skips only that refusal, and only for
     DTensors while flex_attention_backward has a DTensor rule. See
     `defer_flex_cpu_backward_check` for the same change made by hand."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch.nn.attention.flex_attention as front_end
 
     return Patch(
@@ -112,7 +114,7 @@ def defer_flex_cpu_backward_check() -> None:
     refusal, and only while flex_attention_backward has a DTensor rule registered and the
     inputs are DTensors; otherwise torch's check runs unchanged. Idempotent.
     """
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch.nn.attention.flex_attention as front_end
 
     with _patch_lock:
