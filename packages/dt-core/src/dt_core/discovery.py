@@ -8,6 +8,8 @@ import os
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from .plugin_api import newer_core_hint
+
 ENTRY_POINT_GROUP = "dt.plugins"
 DISABLE_ENV = "DT_PLUGINS_DISABLE"
 
@@ -56,9 +58,6 @@ def load_plugin(entry_point: EntryPoint) -> Any:
     installed, an object the module lacks, or an import of a dt-core name that this
     dt-core does not have (a plugin built for a newer core).
     """
-    from . import __version__
-    from .hookspecs import HOOK_API_VERSION
-
     dist = distribution_of(entry_point)[0] or "its distribution"
     where = f"entry point '{entry_point.name} = {entry_point.value}'"
     module_name = entry_point.module
@@ -75,8 +74,7 @@ def load_plugin(entry_point: EntryPoint) -> Any:
     except ImportError as error:
         if _names_dt_core(error):
             raise PluginLoadError(
-                f"import failed: {_describe(error)}; the plugin needs a newer dt-core than "
-                f"{__version__} (hook API {HOOK_API_VERSION}): upgrade dt-core"
+                f"import failed: {_describe(error)}; {newer_core_hint()}"
             ) from error
         raise PluginLoadError(f"import failed: {_describe(error)}") from error
     except Exception as error:  # noqa: BLE001 - a broken plugin must not break torch

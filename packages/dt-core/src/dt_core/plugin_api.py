@@ -3,10 +3,27 @@ hook API this dt-core provides, and if not, what should be upgraded."""
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 from .hookspecs import DEFAULT_PLUGIN_API, HOOK_API_VERSION, PLUGIN_API_ATTRIBUTE
 from .versions import in_range, lower_bound, release
+
+
+def core_release() -> str:
+    """The installed dt-core distribution's version, for messages."""
+    try:
+        return metadata.version("dt-core")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "(not installed)"
+
+
+def newer_core_hint() -> str:
+    """The fix for a plugin that imports a dt-core name this dt-core lacks."""
+    return (
+        f"the plugin needs a newer dt-core than {core_release()} "
+        f"(hook API {HOOK_API_VERSION}): upgrade dt-core"
+    )
 
 
 class InvalidApiRange(ValueError):
@@ -26,8 +43,6 @@ def declared_api(plugin: Any) -> str:
 def incompatibility(declared: str, distribution: str | None) -> str | None:
     """Why a plugin written for hook API `declared` cannot run on this dt-core (None if
     it can), naming both versions and what to upgrade. InvalidApiRange when malformed."""
-    from . import __version__
-
     try:
         if in_range(HOOK_API_VERSION, declared):
             return None
@@ -40,6 +55,6 @@ def incompatibility(declared: str, distribution: str | None) -> str | None:
         target = distribution or "the plugin"
         fix = f"upgrade {target} to a release written for hook API {HOOK_API_VERSION}"
     return (
-        f"written for dt-core hook API {declared}, but dt-core {__version__} provides "
+        f"written for dt-core hook API {declared}, but dt-core {core_release()} provides "
         f"hook API {HOOK_API_VERSION}: {fix}"
     )
