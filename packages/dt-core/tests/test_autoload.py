@@ -187,6 +187,10 @@ def test_cli_list_json_and_check(tmp_path: Path) -> None:
     assert "aten.is_same_size.default" in sample["ops"]
     assert sample["passes"] == ["sample:count_nodes"]
     assert sample["pass_settings"] == {"sample:count_nodes": {"mode": "count"}}
+    patch = "patch torch.distributed.tensor.DTensor.__repr__"
+    assert sample["patches"] == [patch]
+    assert sample["patch_details"] == {patch: {"torch": ">=2.13,<2.14"}}
+    assert sample["api"] == ">=1.1,<2"
 
     table = run_python("from dt_core.cli import main; main(['list'])")
     assert "dt-sample-plugin" in table.stdout and "active" in table.stdout

@@ -55,8 +55,9 @@ def test_deactivate_gives_back_torchs_own_state_for_every_installed_plugin() -> 
     assert all(state == "active" for state in report["states"].values()), report["states"]
     # Activation did change each kind of table (so the comparison below can fail) ...
     expected = {"op handlers", "sharding strategies", "library", "inductor passes"}
-    if "cp" in report["states"]:  # dt-cp installed: its HOP rules and flex patch
-        expected |= {"hop rules", "patched attributes"}
+    expected.add("patched attributes")  # the sample plugin's DTensor.__repr__
+    if "cp" in report["states"]:  # dt-cp installed: its flex_attention HOP rules
+        expected.add("hop rules")
     assert expected <= set(report["changed_tables"]), report["changed_tables"]
     # ... and deactivation put back every entry, the very objects torch had.
     assert report["left_behind"] == []

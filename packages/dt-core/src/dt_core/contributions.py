@@ -107,9 +107,12 @@ class GraphPass:
 
 @dataclass(frozen=True)
 class Patch:
-    """Replace `target.attribute` (a module, class or other object; or a module's dotted
-    name) with `replacement` while the plugin is active; `deactivate()` puts back the very
-    object that was there.
+    """Replace `target.attribute` with `replacement` while the plugin is active;
+    `deactivate()` puts back the very object that was there.
+
+    `target` is a module, class or other object, or names one as "package.module" or
+    "package.module:Class" — the light form: the hook then imports nothing, and dt-core
+    imports the module only when it installs the patch (with DTensor's part).
 
     With `wrap_original=True`, `replacement(original)` is called at install and its
     result installed (a wrapper around torch's function). `torch_versions` ("" = any,
@@ -126,7 +129,7 @@ class Patch:
 
     def target_name(self) -> str:
         if isinstance(self.target, str):
-            return self.target
+            return self.target.replace(":", ".")
         module = getattr(self.target, "__module__", None)
         name = getattr(self.target, "__qualname__", None) or getattr(self.target, "__name__", "")
         if isinstance(self.target, type) and module:

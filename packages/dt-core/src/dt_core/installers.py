@@ -65,7 +65,14 @@ def install_graph_pass(owner: str, graph_pass: GraphPass) -> Undo:
 
 
 def patch_target(patch: Patch) -> Any:
-    return importlib.import_module(patch.target) if isinstance(patch.target, str) else patch.target
+    """The object a patch changes: its target, or the object its "module[:path]" names."""
+    if not isinstance(patch.target, str):
+        return patch.target
+    module_name, _, path = patch.target.partition(":")
+    target = importlib.import_module(module_name)
+    for name in filter(None, path.split(".")):
+        target = getattr(target, name)
+    return target
 
 
 def install_patch(owner: str, patch: Patch) -> Undo:

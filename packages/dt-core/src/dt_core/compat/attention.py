@@ -94,10 +94,8 @@ def flex_cpu_backward_check_patch() -> Patch:
     DTensors while flex_attention_backward has a DTensor rule. See
     `defer_flex_cpu_backward_check` for the same change made by hand."""
     ensure_supported_torch(CHECKED_WITH_TORCH)
-    import torch.nn.attention.flex_attention as front_end
-
     return Patch(
-        front_end,
+        "torch.nn.attention.flex_attention",  # imported when dt-core installs the patch
         "_validate_device",
         _deferring_cpu_backward_check,
         torch_versions=">=2.13.0,<2.14",
