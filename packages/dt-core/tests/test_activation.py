@@ -14,7 +14,8 @@ import dt_core
 import pytest
 import torch
 import torch.distributed.tensor  # noqa: F401 - the handler tables live here
-from dt_core import compat
+from dt_core.compat import dispatch
+from dt_core.testing.torch_state import installed_graph_passes
 
 IS_SAME_SIZE = torch.ops.aten.is_same_size.default
 CONV = torch.ops.aten.convolution.default
@@ -54,7 +55,7 @@ def plugin(**hooks) -> SimpleNamespace:
 
 
 def test_deactivate_restores_torchs_own_handlers_as_the_same_objects(core) -> None:
-    table = compat.op_handler_table()
+    table = dispatch.op_handler_table()
     before = dict(table)
     propagator_funcs = dict(
         torch.distributed.tensor.DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
@@ -91,7 +92,7 @@ def test_plugin_state_transitions_and_info(core) -> None:
 
 
 def test_conflict_raises_and_leaves_everything_untouched(core) -> None:
-    table = compat.op_handler_table()
+    table = dispatch.op_handler_table()
     before = dict(table)
     for name in ("first", "second"):
         dt_core.register_plugin(
@@ -121,7 +122,7 @@ def test_disabling_one_side_of_a_conflict_resolves_it(core, monkeypatch) -> None
     )
     states = {p.name: p.state for p in dt_core.activate()}
     assert states["first"] == "active" and states["second"] == "disabled"
-    assert compat.op_handler_table()[CONV] is _handler
+    assert dispatch.op_handler_table()[CONV] is _handler
 
 
 def test_a_raising_hook_fails_only_its_plugin(core, recwarn) -> None:
@@ -159,11 +160,11 @@ def test_user_passes_stay_in_place_and_keep_running(core) -> None:
     config.post_grad_custom_post_pass = user_pass
     try:
         dt_core.activate()
-        installed = compat.installed_graph_passes("post_grad_post")
+        installed = installed_graph_passes("post_grad_post")
         assert installed[0] is user_pass and len(installed) >= 2
         # A later assignment by the user keeps the plugins' passes after the user's.
         config.post_grad_custom_post_pass = [user_pass, user_pass]
-        installed = compat.installed_graph_passes("post_grad_post")
+        installed = installed_graph_passes("post_grad_post")
         assert installed[:2] == (user_pass, user_pass) and len(installed) >= 3
         assert any(repr(p) == "<dt pass passer:mine>" for p in installed)
         dt_core.deactivate()

@@ -187,6 +187,10 @@ def test_cli_list_json_and_check(tmp_path: Path) -> None:
     assert "aten.is_same_size.default" in sample["ops"]
     assert sample["passes"] == ["sample:count_nodes"]
     assert sample["pass_settings"] == {"sample:count_nodes": {"mode": "count"}}
+    patch = "patch torch.distributed.tensor.DTensor.__repr__"
+    assert sample["patches"] == [patch]
+    assert sample["patch_details"] == {patch: {"torch": ">=2.13,<2.14"}}
+    assert sample["api"] == ">=1.1,<2"
 
     table = run_python("from dt_core.cli import main; main(['list'])")
     assert "dt-sample-plugin" in table.stdout and "active" in table.stdout
@@ -202,15 +206,16 @@ def test_cli_list_json_and_check(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("version", ["2.12.1", "2.14.0", "3.0.0"])
 def test_untested_torch_is_refused_with_the_range(version: str) -> None:
-    from dt_core import compat
+    from dt_core.compat import torch_version
 
-    problem = compat.torch_version_problem(version)
+    problem = torch_version.torch_version_problem(version)
     assert problem is not None
-    assert version in problem and "2.13.0" in problem and compat.ALLOW_UNTESTED_ENV in problem
+    assert version in problem and "2.13.0" in problem
+    assert torch_version.ALLOW_UNTESTED_ENV in problem
 
 
 @pytest.mark.parametrize("version", ["2.13.0", "2.13.0+cpu", "2.13.1", "2.13.0a0+git123"])
 def test_tested_torch_range_is_accepted(version: str) -> None:
-    from dt_core import compat
+    from dt_core.compat import torch_version
 
-    assert compat.torch_version_problem(version) is None
+    assert torch_version.torch_version_problem(version) is None

@@ -44,3 +44,15 @@ def test_op_handler_takes_over_dispatch() -> None:
     before = len(plugin.handler_calls)
     assert torch.ops.aten.is_same_size(x, x)
     assert len(plugin.handler_calls) == before + 1
+
+
+@pytest.mark.ranks(2)
+def test_patch_wraps_torchs_own_repr() -> None:
+    from dt_sample_plugin import plugin
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    x = distribute_tensor(torch.arange(4.0), cpu_mesh(2), [Shard(0)])
+    before = len(plugin.repr_calls)
+    text = repr(x)
+    assert plugin.repr_calls[before:] == ["DTensor"]  # the patch ran ...
+    assert text.startswith("DTensor(local_tensor=")  # ... and torch's own repr answered

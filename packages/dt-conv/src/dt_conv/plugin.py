@@ -14,6 +14,8 @@ from typing import Any
 
 from dt_core import LibraryOps, OpHandler, hookimpl
 
+DT_API = ">=1.0,<2"  # dt-core hook API this plugin is written for
+
 # aten op name -> "module:function" of its handler (modules of this package).
 HANDLERS = {
     "convolution": "forward:convolution_handler",

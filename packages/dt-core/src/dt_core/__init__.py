@@ -3,7 +3,8 @@
 Plugins are modules named by entry points in the `dt.plugins` group, with hookimpls
 (`dt_core.hookimpl`) returning what they contribute (see `dt_core.hookspecs`). Installing
 a plugin is enough: `import torch` arms them, and they install themselves into DTensor
-and Inductor when those are first imported.
+and Inductor when those are first imported. `HOOK_API_VERSION` is the hook API this core
+provides; a plugin states the range it was written for as `DT_API` in its module.
 """
 
 from __future__ import annotations
@@ -23,18 +24,21 @@ from .contributions import (  # noqa: E402
     HopRule,
     LibraryOps,
     OpHandler,
+    Patch,
     ShardingStrategy,
 )
 from .errors import DtPluginError, PluginConflictError, UnsupportedTorchError  # noqa: E402
-from .hookspecs import hookimpl  # noqa: E402
+from .hookspecs import HOOK_API_VERSION, hookimpl  # noqa: E402
 from .records import PluginInfo  # noqa: E402
 
 __all__ = [
     "DtPluginError",
     "GraphPass",
+    "HOOK_API_VERSION",
     "HopRule",
     "LibraryOps",
     "OpHandler",
+    "Patch",
     "PluginConflictError",
     "PluginInfo",
     "ShardingStrategy",

@@ -23,27 +23,32 @@ def _table(rows: list[list[str]]) -> str:
 def _format_list(infos: list[PluginInfo]) -> str:
     if not infos:
         return "no dt plugins installed (entry-point group 'dt.plugins')"
-    rows = [["plugin", "distribution", "version", "state", "ops", "passes"]]
+    from .hookspecs import HOOK_API_VERSION
+
+    rows = [["plugin", "distribution", "version", "hook API", "state", "ops", "passes", "patches"]]
     for info in infos:
         rows.append(
             [
                 info.name,
                 info.distribution or "(in-process)",
                 info.version or "-",
+                info.api or "-",
                 info.state,
                 str(len(info.ops)),
                 str(len(info.passes)),
+                str(len(info.patches)),
             ]
         )
-    out = [_table(rows)]
+    out = [_table(rows), f"(this dt-core provides hook API {HOOK_API_VERSION})"]
     for info in infos:
         if info.reason:
             out.append(f"{info.name}: {info.reason}")
         for op in info.ops:
             out.append(f"{info.name}: op {op}")
-        for name in info.passes:
-            settings = json.dumps(info.pass_settings.get(name, {}), sort_keys=True, default=repr)
-            out.append(f"{info.name}: pass {name} {settings}")
+        for label, names in (("pass", info.passes), ("", info.patches)):
+            for name in names:
+                detail = json.dumps(info.details.get(name, {}), sort_keys=True, default=repr)
+                out.append(f"{info.name}: {label + ' ' if label else ''}{name} {detail}")
     return "\n".join(out)
 
 
@@ -60,15 +65,18 @@ def _list(args: argparse.Namespace) -> int:
 
 def check_problems(infos: list[PluginInfo]) -> list[str]:
     """Everything that stops the installed plugins (`infos`) from working, as lines."""
-    from dt_core import activation, compat
+    from dt_core import activation
+    from dt_core.compat.torch_version import torch_version_problem
 
     problems = []
-    version_problem = compat.torch_version_problem()
+    version_problem = torch_version_problem()
     if version_problem:
         problems.append(version_problem)
     for info in infos:
         if info.state == "failed" and not (version_problem and info.reason == version_problem):
             problems.append(f"plugin {info.name!r} failed: {info.reason}")
+        if info.state == "incompatible":
+            problems.append(f"plugin {info.name!r} is incompatible: {info.reason}")
     for claim, first, second in activation.conflicts():
         problems.append(f"conflict: plugins {first!r} and {second!r} both claim {claim}")
     return problems

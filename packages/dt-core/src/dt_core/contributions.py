@@ -1,8 +1,8 @@
 """What a plugin can contribute: plain records, free of torch imports.
 
 Plugins return these from their hookimpls (see `dt_core.hookspecs`). dt-core turns
-them into installed state through `dt_core.compat`, and records what it replaced so
-`deactivate()` can put back the very same objects.
+them into installed state through `dt_core.compat` (see `dt_core.kinds` for the table of
+kinds), and records what it replaced so `deactivate()` can put back the very same objects.
 """
 
 from __future__ import annotations
@@ -10,10 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-# Modules whose import arms each kind of contribution under lazy (auto) activation.
-DTENSOR_TRIGGER = "torch.distributed.tensor"
-INDUCTOR_TRIGGER = "torch._inductor.config"
 
 PassStage = Literal["post_grad_pre", "post_grad_post"]
 
@@ -78,12 +74,17 @@ class LibraryOps:
     which registers defs/impls/fake kernels on it. `ops` lists the qualified op names
     (with dispatch key for IMPL, e.g. "symm_mem::fused_all_gather_matmul@CPU") that the
     plugin claims, for conflict detection and `dt-plugins list`.
+    `defined_in` names the torch module whose import defines the namespace's ops when
+    torch defines them in Python (e.g. "torch.distributed._symmetric_memory" for
+    `symm_mem::*`); dt-core imports it before `define(lib)` so the ops exist wherever the
+    kernels do. Those definitions are torch's own and stay after `deactivate()`.
     """
 
     namespace: str
     define: Callable[[Any], None]
     ops: Sequence[str] = ()
     kind: Literal["DEF", "FRAGMENT", "IMPL"] = "FRAGMENT"
+    defined_in: str | None = None
 
 
 @dataclass(frozen=True)
@@ -102,3 +103,39 @@ class GraphPass:
     order: int = 0
     settings: Callable[[], Mapping[str, Any]] = field(default=dict)
     source_files: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace `target.attribute` with `replacement` while the plugin is active;
+    `deactivate()` puts back the very object that was there.
+
+    `target` is a module, class or other object, or names one as "package.module" or
+    "package.module:Class" — the light form: the hook then imports nothing, and dt-core
+    imports the module only when it installs the patch (with DTensor's part).
+
+    With `wrap_original=True`, `replacement(original)` is called at install and its
+    result installed (a wrapper around torch's function). `torch_versions` ("" = any,
+    e.g. ">=2.13,<2.14") is the range the patch was checked against: outside it the
+    plugin fails with a message instead of patching an attribute that may mean something
+    else. Two plugins patching the same target.attribute conflict.
+    """
+
+    target: Any
+    attribute: str
+    replacement: Any
+    torch_versions: str = ""
+    wrap_original: bool = False
+
+    def target_name(self) -> str:
+        if isinstance(self.target, str):
+            return self.target.replace(":", ".")
+        module = getattr(self.target, "__module__", None)
+        name = getattr(self.target, "__qualname__", None) or getattr(self.target, "__name__", "")
+        if isinstance(self.target, type) and module:
+            return f"{module}.{name}"
+        return name or repr(self.target)
+
+    def claim(self) -> str:
+        """The name conflicts and `dt-plugins list` use: the patched attribute's path."""
+        return f"patch {self.target_name()}.{self.attribute}"

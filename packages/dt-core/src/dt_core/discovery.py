@@ -1,12 +1,21 @@
-"""Finding plugins: entry points in the `dt.plugins` group, minus the disabled ones."""
+"""Finding plugins: entry points in the `dt.plugins` group, minus the disabled ones, and
+loading them with messages that name the plugin and the fix when that goes wrong."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from .plugin_api import newer_core_hint
 
 ENTRY_POINT_GROUP = "dt.plugins"
 DISABLE_ENV = "DT_PLUGINS_DISABLE"
+
+
+class PluginLoadError(Exception):
+    """A plugin could not be loaded; the message says why and what to do."""
 
 
 def disabled_names() -> set[str]:
@@ -32,3 +41,49 @@ def distribution_of(entry_point: EntryPoint) -> tuple[str | None, str | None]:
     if dist is None:
         return None, None
     return dist.metadata["Name"], dist.version
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _names_dt_core(error: ImportError) -> bool:
+    return (error.name or "").split(".")[0] == "dt_core" or "'dt_core" in str(error)
+
+
+def load_plugin(entry_point: EntryPoint) -> Any:
+    """Import the module an entry point names and return the object it names.
+
+    Raises PluginLoadError naming the entry point and the fix: a module that is not
+    installed, an object the module lacks, or an import of a dt-core name that this
+    dt-core does not have (a plugin built for a newer core).
+    """
+    dist = distribution_of(entry_point)[0] or "its distribution"
+    where = f"entry point '{entry_point.name} = {entry_point.value}'"
+    module_name = entry_point.module
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise PluginLoadError(
+                f"{where} names module {module_name!r}, which is not installed: "
+                f"reinstall {dist} or uninstall it"
+            ) from error
+        raise PluginLoadError(f"import failed: {_describe(error)}") from error
+    except ImportError as error:
+        if _names_dt_core(error):
+            raise PluginLoadError(
+                f"import failed: {_describe(error)}; {newer_core_hint()}"
+            ) from error
+        raise PluginLoadError(f"import failed: {_describe(error)}") from error
+    except Exception as error:  # noqa: BLE001 - a broken plugin must not break torch
+        raise PluginLoadError(f"import failed: {_describe(error)}") from error
+    for attribute in (entry_point.attr or "").split(".") if entry_point.attr else ():
+        if not hasattr(target, attribute):
+            raise PluginLoadError(
+                f"{where} names {entry_point.attr!r}, which module {module_name!r} does not "
+                f"define: reinstall {dist} or uninstall it"
+            )
+        target = getattr(target, attribute)
+    return target

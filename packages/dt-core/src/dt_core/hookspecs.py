@@ -2,8 +2,14 @@
 
 A plugin is a module (named by an entry point in the `dt.plugins` group) holding
 functions marked with `dt_core.hookimpl`. Each hook is called lazily, when the part of
-torch it targets is first imported, so plugin modules should import heavy torch
-modules inside their hook functions rather than at top level.
+torch it targets is first imported (see `dt_core.kinds`), so plugin modules should import
+heavy torch modules inside their hook functions rather than at top level.
+
+The hooks form a versioned API, `HOOK_API_VERSION` ("MAJOR.MINOR"): a new hook or a new
+optional field raises MINOR (plugins written for an older minor keep working); removing
+or changing one raises MAJOR. A plugin module states the range it was written for as
+`DT_API = ">=1.0,<2"` (default when absent: `DEFAULT_PLUGIN_API`); outside it the plugin
+is not activated and `dt-plugins list` shows it as incompatible.
 """
 
 from __future__ import annotations
@@ -12,11 +18,17 @@ from collections.abc import Sequence
 
 import pluggy
 
-from .contributions import GraphPass, HopRule, LibraryOps, OpHandler, ShardingStrategy
+from .contributions import GraphPass, HopRule, LibraryOps, OpHandler, Patch, ShardingStrategy
 
 PROJECT = "dt"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+
+# 1.0: op handlers, HOP rules, sharding strategies, library ops, graph passes.
+# 1.1: patches (dt_patches), LibraryOps.defined_in.
+HOOK_API_VERSION = "1.1"
+DEFAULT_PLUGIN_API = ">=1.0,<2"  # what a plugin without DT_API was written for
+PLUGIN_API_ATTRIBUTE = "DT_API"
 
 
 @hookspec
@@ -42,3 +54,8 @@ def dt_library_ops() -> Sequence[LibraryOps]:
 @hookspec
 def dt_graph_passes() -> Sequence[GraphPass]:
     """Inductor post-grad graph passes the plugin contributes."""
+
+
+@hookspec
+def dt_patches() -> Sequence[Patch]:
+    """Attributes of torch the plugin replaces while active (API 1.1; DTensor's part)."""

@@ -5,14 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .contributions import GraphPass, HopRule, LibraryOps, OpHandler, ShardingStrategy
-
-State = Literal["active", "pending", "inactive", "disabled", "failed"]
+State = Literal["active", "pending", "inactive", "disabled", "failed", "incompatible"]
 
 
 @dataclass
 class PluginRecord:
-    """Mutable bookkeeping for one plugin, owned by the activation module."""
+    """Mutable bookkeeping for one plugin, owned by the activation object."""
 
     name: str
     distribution: str | None
@@ -20,39 +18,55 @@ class PluginRecord:
     module: Any = None
     state: State = "inactive"
     reason: str | None = None
-    op_handlers: list[OpHandler] | None = None
-    strategies: list[ShardingStrategy] | None = None
-    library_ops: list[LibraryOps] | None = None
-    graph_passes: list[GraphPass] | None = None
-    hop_rules: list[HopRule] | None = None
+    api: str | None = None  # hook API range the plugin declared (DT_API)
+    # kind name -> what the plugin's hook returned; a kind is absent until collected.
+    contributions: dict[str, list[Any]] = field(default_factory=dict)
     warned: bool = field(default=False, repr=False)
 
-    def claimed_ops(self) -> list[str]:
-        """Names this plugin claims (handlers, strategies, library ops, HOP rules)."""
-        names = [str(h.op) for h in self.op_handlers or ()]
-        names += [str(s.op) for s in self.strategies or ()]
-        names += [name for lib in self.library_ops or () for name in lib.ops]
-        names += [rule.claim() for rule in self.hop_rules or ()]
-        return names
+    @property
+    def usable(self) -> bool:
+        """Imported and neither failed, disabled nor built for another hook API."""
+        return self.module is not None and self.state not in ("failed", "disabled", "incompatible")
 
-    def pass_names(self) -> list[str]:
-        return [f"{self.name}:{p.name}" for p in self.graph_passes or ()]
+    def claims(self, kinds: Any) -> list[str]:
+        """Conflict keys of this plugin's collected contributions of `kinds`, in order."""
+        return [
+            claim
+            for kind in kinds
+            for item in self.contributions.get(kind.name, ())
+            for claim in kind.claims(self.name, item)
+        ]
 
     def snapshot(self) -> PluginInfo:
-        from .graph_passes import describe_settings
+        from .kinds import KINDS
 
+        columns: dict[str, list[str]] = {"ops": [], "passes": [], "patches": []}
+        details: dict[str, dict[str, Any]] = {}
+        for kind in KINDS:
+            for item in self.contributions.get(kind.name, ()):
+                for claim in kind.claims(self.name, item):
+                    columns[kind.column].append(claim)
+                    if kind.describe is not None:
+                        details[claim] = _describe(kind.describe, item)
         return PluginInfo(
             name=self.name,
             distribution=self.distribution,
             version=self.version,
-            ops=tuple(self.claimed_ops()),
-            passes=tuple(self.pass_names()),
-            pass_settings={
-                f"{self.name}:{p.name}": describe_settings(p) for p in self.graph_passes or ()
-            },
+            api=self.api,
+            ops=tuple(columns["ops"]),
+            passes=tuple(columns["passes"]),
+            patches=tuple(columns["patches"]),
+            details=details,
             state=self.state,
             reason=self.reason,
         )
+
+
+def _describe(describe: Any, item: Any) -> dict[str, Any]:
+    try:
+        return dict(describe(item))
+    except Exception as error:  # noqa: BLE001 - a listing must not fail on one entry
+        return {"error": f"{type(error).__name__}: {error}"}
 
 
 @dataclass(frozen=True)
@@ -62,20 +76,29 @@ class PluginInfo:
     name: str
     distribution: str | None
     version: str | None
+    api: str | None
     ops: tuple[str, ...]
     passes: tuple[str, ...]
-    pass_settings: dict[str, dict[str, Any]]
+    patches: tuple[str, ...]
+    details: dict[str, dict[str, Any]]  # claim -> what `dt-plugins list` shows beside it
     state: State
     reason: str | None
+
+    @property
+    def pass_settings(self) -> dict[str, dict[str, Any]]:
+        return {name: self.details.get(name, {}) for name in self.passes}
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "distribution": self.distribution,
             "version": self.version,
+            "api": self.api,
             "ops": list(self.ops),
             "passes": list(self.passes),
             "pass_settings": self.pass_settings,
+            "patches": list(self.patches),
+            "patch_details": {name: self.details.get(name, {}) for name in self.patches},
             "state": self.state,
             "reason": self.reason,
         }

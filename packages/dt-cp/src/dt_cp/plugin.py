@@ -1,5 +1,6 @@
 """Hookimpls of the `cp` plugin: SDPA op handlers, the sequence collectives, and rules for
-torch's flex_attention higher-order operators (so its own front end takes DTensors).
+torch's flex_attention higher-order operators, and the patch that lets torch's flex
+front end pass CPU DTensors that need gradients on to those rules.
 
 Light at import: handler modules import `torch.distributed.tensor`, whose first import
 triggers the DTensor hooks, so they load on the first attention call instead.
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dt_core import HopRule, LibraryOps, OpHandler, hookimpl
+from dt_core import HopRule, LibraryOps, OpHandler, Patch, hookimpl
+
+DT_API = ">=1.1,<2"  # dt-core hook API this plugin is written for (1.1: dt_patches)
 
 
 def _forward(op_call: Any, args: tuple, kwargs: dict) -> object:
@@ -66,10 +69,17 @@ def dt_op_handlers() -> list[OpHandler]:
 @hookimpl
 def dt_hop_rules() -> list[HopRule]:
     """torch's flex_attention (forward and backward operators) on sequence-sharded DTensors."""
-    from dt_core.compat.attention import defer_flex_cpu_backward_check, flex_attention_hops
+    from dt_core.compat.attention import flex_attention_hops
 
-    # Inert unless flex_attention_backward has a DTensor rule (ours, installed from this
-    # list): lets torch's front end pass CPU DTensors that need gradients to the rules.
-    defer_flex_cpu_backward_check()
     forward, backward = flex_attention_hops()
     return [HopRule(forward, _flex_forward), HopRule(backward, _flex_backward)]
+
+
+@hookimpl
+def dt_patches() -> list[Patch]:
+    """torch's flex front end refuses CPU inputs that need gradients before any dispatch;
+    the patch (inert unless flex_attention_backward has a DTensor rule, ours from
+    `dt_hop_rules`) lets sequence-sharded DTensors through to the rules."""
+    from dt_core.compat.attention import flex_cpu_backward_check_patch
+
+    return [flex_cpu_backward_check_patch()]

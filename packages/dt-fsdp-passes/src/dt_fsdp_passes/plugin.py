@@ -10,6 +10,8 @@ from typing import Any
 
 from dt_core import GraphPass, hookimpl
 
+DT_API = ">=1.0,<2"  # dt-core hook API this plugin is written for
+
 
 def _settings() -> dict[str, Any]:
     from dt_fsdp_passes.config import current_settings

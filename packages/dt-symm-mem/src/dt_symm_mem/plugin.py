@@ -2,9 +2,9 @@
 
 Light at import: the CPU kernels registered on torch's `symm_mem` namespace are thin
 wrappers that import `dt_symm_mem.ops` on first call. torch defines the `symm_mem::fused_*`
-ops in Python (torch.distributed._symmetric_memory); registering our CPU impls before
-that definition is fine for the dispatcher, and the DTensor and Inductor hooks make sure
-the definitions are loaded when those parts of torch are.
+ops in Python (torch.distributed._symmetric_memory); the library contribution names that
+module (`defined_in`), so dt-core imports it before registering the kernels and the ops
+exist wherever the kernels do.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from typing import Any
 
 from dt_core import GraphPass, LibraryOps, hookimpl
 
+DT_API = ">=1.1,<2"  # dt-core hook API this plugin is written for (1.1: LibraryOps.defined_in)
+
 NAMESPACE = "symm_mem"
+DEFINED_IN = "torch.distributed._symmetric_memory"  # its import defines symm_mem::*
 # torch op name -> function name in dt_symm_mem.ops
 KERNELS = {
     "fused_all_gather_matmul": "fused_all_gather_matmul",
@@ -40,22 +43,10 @@ def _define(lib: Any) -> None:
         lib.impl(op_name, _kernel(function_name), "CPU")
 
 
-def _ensure_ops_defined() -> None:
-    from dt_core.compat.symm_mem import ensure_symm_mem_ops_defined
-
-    ensure_symm_mem_ops_defined()
-
-
 @hookimpl
 def dt_library_ops() -> list[LibraryOps]:
     ops = [f"{NAMESPACE}::{name}@CPU" for name in KERNELS]
-    return [LibraryOps(NAMESPACE, _define, ops=ops, kind="IMPL")]
-
-
-@hookimpl
-def dt_op_handlers() -> list[Any]:
-    _ensure_ops_defined()  # DTensor users get torch.ops.symm_mem.* without another import
-    return []
+    return [LibraryOps(NAMESPACE, _define, ops=ops, kind="IMPL", defined_in=DEFINED_IN)]
 
 
 def _fuse(graph: Any) -> None:
@@ -72,7 +63,6 @@ def _settings() -> dict[str, Any]:
 
 @hookimpl
 def dt_graph_passes() -> list[GraphPass]:
-    _ensure_ops_defined()
     from pathlib import Path
 
     here = Path(__file__).parent

@@ -1,6 +1,7 @@
 """Private torch APIs the context-parallel attention plugin (dt-cp) needs.
 
 Plain functions only; each checks the torch range before its first private access.
+Checked against torch 2.13.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -9,17 +10,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..contributions import Patch
 from . import ensure_supported_torch
+from .process_groups import resolve_process_group  # noqa: F401 - dt-cp imports it from here
 
+CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
 _patch_lock = threading.Lock()
-
-
-def resolve_process_group(group_name: str) -> Any:
-    """The ProcessGroup registered under `group_name` (custom ops take groups by name)."""
-    ensure_supported_torch()
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    return _resolve_process_group(group_name)
 
 
 def install_hop_subclass_impl(hop: Any, subclass: type, fn: Callable[..., Any]) -> Any:
@@ -28,7 +24,7 @@ def install_hop_subclass_impl(hop: Any, subclass: type, fn: Callable[..., Any]) 
     Returns what was registered before (or None) so `remove_hop_subclass_impl` can put
     it back; torch has no public way to take a HOP's subclass rule out again.
     """
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     table = hop.python_key_table
     previous = table.pop(subclass, None)
     hop.py_impl(subclass)(fn)
@@ -37,7 +33,7 @@ def install_hop_subclass_impl(hop: Any, subclass: type, fn: Callable[..., Any]) 
 
 def remove_hop_subclass_impl(hop: Any, subclass: type, previous: Any) -> None:
     """Undo `install_hop_subclass_impl`."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     table = hop.python_key_table
     table.pop(subclass, None)
     if previous is not None:
@@ -47,7 +43,7 @@ def remove_hop_subclass_impl(hop: Any, subclass: type, previous: Any) -> None:
 
 def is_traced(t: Any) -> bool:
     """Whether `t` is a fake/functional tensor of a trace (torch.compile, export)."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
@@ -59,13 +55,15 @@ def is_traced(t: Any) -> bool:
 
 def flex_attention_hops() -> tuple[Any, Any]:
     """torch's flex_attention forward and backward higher-order operators."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch._higher_order_ops.flex_attention import flex_attention, flex_attention_backward
 
     return flex_attention, flex_attention_backward
 
 
-_original_validate_device: Any = None
+# The wrapper `defer_flex_cpu_backward_check` installed and what it replaced.
+_deferred: dict[str, Any] = {}
+_DEFERS_MARK = "_dt_defers_cpu_backward"
 
 
 def _has_subclass_backward(query: Any) -> bool:
@@ -76,11 +74,33 @@ def _has_subclass_backward(query: Any) -> bool:
     return isinstance(query, DTensor) and DTensor in flex_attention_backward.python_key_table
 
 
-def _validate_device(query: Any, key: Any, value: Any) -> None:
-    if _has_subclass_backward(query):
-        # The refusal is about torch's own CPU kernels; a DTensor rule does the backward.
-        query, key, value = query.detach(), key.detach(), value.detach()
-    _original_validate_device(query, key, value)
+def _deferring_cpu_backward_check(original: Callable[..., None]) -> Callable[..., None]:
+    """torch's `_validate_device` (`original`), minus its CPU-backward refusal for DTensors
+    that a DTensor flex_attention_backward rule will differentiate."""
+
+    def validate_device(query: Any, key: Any, value: Any) -> None:
+        if _has_subclass_backward(query):
+            query, key, value = query.detach(), key.detach(), value.detach()
+        original(query, key, value)
+
+    setattr(validate_device, _DEFERS_MARK, True)
+    return validate_device
+
+
+def flex_cpu_backward_check_patch() -> Patch:
+    """The patch dt-cp contributes (dt-core installs and restores it): torch 2.13's
+    `flex_attention` front end refuses CPU inputs that need gradients before any dispatch,
+    so no HOP rule could answer; the replacement skips only that refusal, and only for
+    DTensors while flex_attention_backward has a DTensor rule. See
+    `defer_flex_cpu_backward_check` for the same change made by hand."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    return Patch(
+        "torch.nn.attention.flex_attention",  # imported when dt-core installs the patch
+        "_validate_device",
+        _deferring_cpu_backward_check,
+        torch_versions=">=2.13.0,<2.14",
+        wrap_original=True,
+    )
 
 
 def defer_flex_cpu_backward_check() -> None:
@@ -92,15 +112,15 @@ def defer_flex_cpu_backward_check() -> None:
     refusal, and only while flex_attention_backward has a DTensor rule registered and the
     inputs are DTensors; otherwise torch's check runs unchanged. Idempotent.
     """
-    global _original_validate_device
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch.nn.attention.flex_attention as front_end
 
     with _patch_lock:
-        if front_end._validate_device is _validate_device:
-            return
-        _original_validate_device = front_end._validate_device
-        front_end._validate_device = _validate_device
+        if getattr(front_end._validate_device, _DEFERS_MARK, False):
+            return  # already deferred (here, or by dt-cp's patch through dt-core)
+        _deferred["original"] = front_end._validate_device
+        _deferred["wrapper"] = _deferring_cpu_backward_check(front_end._validate_device)
+        front_end._validate_device = _deferred["wrapper"]
 
 
 def restore_flex_cpu_backward_check() -> None:
@@ -108,5 +128,6 @@ def restore_flex_cpu_backward_check() -> None:
     import torch.nn.attention.flex_attention as front_end
 
     with _patch_lock:
-        if front_end._validate_device is _validate_device:
-            front_end._validate_device = _original_validate_device
+        if _deferred and front_end._validate_device is _deferred["wrapper"]:
+            front_end._validate_device = _deferred.pop("original")
+            _deferred.clear()

@@ -1,4 +1,5 @@
-"""Private torch APIs that dt-symm-mem needs (area module of `dt_core.compat`).
+"""Private torch APIs that dt-symm-mem needs (area module of `dt_core.compat`), checked
+against torch 2.13.x (`CHECKED_WITH_TORCH`).
 
 Interface (plain functions):
     resolve_process_group(group_name) -> ProcessGroup
@@ -22,14 +23,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import ensure_supported_torch
+from .process_groups import resolve_process_group  # noqa: F401 - dt-symm-mem imports it here
 
-
-def resolve_process_group(group_name: str) -> Any:
-    """The ProcessGroup registered under `group_name` (what the symm_mem ops receive)."""
-    ensure_supported_torch()
-    import torch.distributed.distributed_c10d as c10d
-
-    return c10d._resolve_process_group(group_name)
+CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
 
 
 def group_name_of(group: Any) -> str:
@@ -39,7 +35,7 @@ def group_name_of(group: Any) -> str:
 
 def has_kernel(qualified_name: str, dispatch_key: str) -> bool:
     """Whether op `ns::name` has a kernel registered for `dispatch_key` (e.g. "CPU")."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch
 
     if not torch._C._dispatch_has_kernel(qualified_name):
@@ -50,7 +46,7 @@ def has_kernel(qualified_name: str, dispatch_key: str) -> bool:
 def tracing_modes_active() -> bool:
     """Whether a TorchFunctionMode or TorchDispatchMode (make_fx's proxy mode, fake
     tensors, FLOP counters...) is active: such calls must reach ops, not their kernels."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch
 
     return torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() > 0
@@ -68,7 +64,7 @@ def op_arguments(op_name: str) -> list[tuple[str, bool, bool]]:
 
 def torch_symm_mem_module() -> Any:
     """torch.distributed._symmetric_memory: importing it defines the symm_mem::* ops."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch.distributed._symmetric_memory as symm_mem
 
     return symm_mem
@@ -83,7 +79,7 @@ def ensure_symm_mem_ops_defined() -> None:
 
 
 def _micro_pipeline_tp() -> Any:
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch._inductor.fx_passes.micro_pipeline_tp as mptp
 
     return mptp

@@ -3,6 +3,8 @@
 Use the pytest plugin (`@pytest.mark.ranks(n)`, the `dist_world` fixture) or call
 `get_world(n).run(fn)` / `run_on_ranks(fn)` directly; `cpu_mesh` builds meshes on the ranks.
 `simulated_ranks(n)` runs N ranks in this one process instead (torch's LocalTensorMode).
+`dt_core.testing.torch_state` snapshots the torch state dt-core installs into, to check
+that `deactivate()` gives back torch's own objects.
 """
 
 from dt_core.testing.local_ranks import per_rank, rank_values, simulated_ranks

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from dt_core import GraphPass, LibraryOps, OpHandler, ShardingStrategy, hookimpl
+from dt_core import GraphPass, LibraryOps, OpHandler, Patch, ShardingStrategy, hookimpl
+
+DT_API = ">=1.1,<2"  # dt-core hook API this plugin is written for (1.1: dt_patches)
 
 # Tests read and change these.
 PASS_SETTINGS: dict[str, Any] = {"mode": "count"}
 pass_calls: list[int] = []  # node counts of the graphs the pass saw
 handler_calls: list[str] = []
+repr_calls: list[str] = []  # class names DTensor.__repr__ was called for
 
 
 def _define_scale(lib: Any) -> None:
@@ -65,3 +68,18 @@ def count_nodes(graph: Any) -> None:
 @hookimpl
 def dt_graph_passes() -> list[GraphPass]:
     return [GraphPass("count_nodes", count_nodes, settings=lambda: dict(PASS_SETTINGS))]
+
+
+def _counting_repr(original: Any) -> Any:
+    def __repr__(self: Any) -> str:
+        repr_calls.append(type(self).__name__)
+        return original(self)
+
+    return __repr__
+
+
+@hookimpl
+def dt_patches() -> list[Patch]:
+    # Named, not imported: listing the plugin must not import DTensor.
+    target = "torch.distributed.tensor:DTensor"
+    return [Patch(target, "__repr__", _counting_repr, ">=2.13,<2.14", wrap_original=True)]

@@ -1,0 +1,50 @@
+"""torch.library registrations dt-core owns and can take out again.
+
+Checked against torch 2.13.x (`CHECKED_WITH_TORCH`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import ensure_supported_torch
+
+CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+
+
+def new_library(namespace: str, kind: str) -> Any:
+    import torch
+
+    return torch.library.Library(namespace, kind)
+
+
+def destroy_library(lib: Any) -> None:
+    """Remove every registration made through `lib` (torch has no public call for this)."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    lib._destroy()
+
+
+def import_defining_module(module_name: str) -> None:
+    """Import the torch module whose import defines a namespace's ops (torch defines some,
+    e.g. `symm_mem::*`, in Python); the definitions are torch's own and stay."""
+    if not module_name.startswith("torch."):
+        raise ValueError(f"{module_name!r} is not a torch module")
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    importlib.import_module(module_name)
+
+
+def registrations(dispatch_key: str) -> frozenset[str]:
+    """Names of every op with a kernel registered for `dispatch_key` (for state snapshots)."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    import torch
+
+    return frozenset(torch._C._dispatch_get_registrations_for_dispatch_key(dispatch_key))
+
+
+def defined_ops() -> frozenset[str]:
+    """Names of every op the dispatcher has a schema for (for state snapshots)."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    import torch
+
+    return frozenset(torch._C._dispatch_get_all_op_names())

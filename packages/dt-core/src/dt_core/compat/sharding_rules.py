@@ -1,0 +1,88 @@
+"""DTensor's sharding propagator: registering strategies and rules, and putting back
+what was registered before; placements-style functions expanded over the mesh.
+
+Checked against torch 2.13.x (`CHECKED_WITH_TORCH`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..contributions import ShardingStrategy
+from . import MISSING, ensure_supported_torch
+from .dispatch import op_dispatcher
+
+CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+_lock = threading.RLock()
+
+
+def strategy_tables(kind: str) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """(funcs, schema infos) tables of the propagator for kind "strategy" or "rule"."""
+    propagator = op_dispatcher().sharding_propagator
+    funcs = propagator.op_strategy_funcs if kind == "strategy" else propagator.op_to_rules
+    return funcs, propagator.op_to_schema_info
+
+
+def swap_sharding_strategy(strategy: ShardingStrategy) -> tuple[Any, Any]:
+    """Register a strategy/rule; return (previous func, previous schema info) to restore."""
+    with _lock:
+        funcs, schema_infos = strategy_tables(strategy.kind)
+        previous = (funcs.get(strategy.op, MISSING), schema_infos.get(strategy.op, MISSING))
+        funcs[strategy.op] = strategy.func
+        if strategy.schema_info is not None:
+            schema_infos[strategy.op] = strategy.schema_info
+        return previous
+
+
+def restore_sharding_strategy(op: Any, kind: str, previous: tuple[Any, Any]) -> None:
+    """Undo `swap_sharding_strategy` with the value it returned."""
+    with _lock:
+        funcs, schema_infos = strategy_tables(kind)
+        for table, value in zip((funcs, schema_infos), previous, strict=True):
+            if value is MISSING:
+                table.pop(op, None)
+            else:
+                table[op] = value
+
+
+def placement_strategy(op: Any, func: Callable[..., Any]) -> tuple[Callable[..., Any], Any]:
+    """Turn a placements-style sharding function into (strategy func, schema info).
+
+    `func` takes the op's arguments (tensors replaced by their DTensorSpec) and returns
+    acceptable `(output placements, input placements)` pairs for one mesh dim, as torch's
+    public `register_sharding` expects; this expands them over the whole mesh.
+    """
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    import torch
+    from torch.distributed.tensor._op_schema import OpStrategy, RuntimeSchemaInfo, TupleStrategy
+    from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+    def as_spec(arg: object) -> object:
+        if isinstance(arg, OpStrategy):
+            return arg.strategies[0].output_spec
+        if isinstance(arg, TupleStrategy):
+            return tuple(as_spec(child) for child in arg.children)
+        return arg
+
+    def strategy(op_schema: Any) -> Any:
+        args = tuple(as_spec(a) for a in op_schema.args_schema)
+        kwargs = {k: as_spec(v) for k, v in op_schema.kwargs_schema.items()}
+        per_dim = [list(out) + list(inp) for out, inp in func(*args, **kwargs)]
+        return expand_to_full_mesh_op_strategy(
+            op_schema.get_mesh_from_args(),
+            op_schema,
+            per_dim,
+            input_index=len(op._schema.returns),
+            inplace_op=op_schema.is_inplace_op(),
+        )
+
+    # Non-tensor int arguments change the decision, so they belong in the cache key.
+    int_args = [
+        i
+        for i, arg in enumerate(op._schema.arguments)
+        if isinstance(arg.type, (torch.IntType, torch.FloatType, torch.BoolType))
+    ]
+    schema_info = RuntimeSchemaInfo(min(int_args) if int_args else 100, needs_pytree=True)
+    return strategy, schema_info

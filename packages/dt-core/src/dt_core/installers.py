@@ -1,0 +1,111 @@
+"""One installer per contribution kind: put one contribution into torch, return its undo.
+
+Each undo puts back the very object that was there before. Installers run under the
+activation lock; the kinds table (`dt_core.kinds`) says which installer serves which kind.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from . import graph_passes
+from .compat import MISSING, dispatch, hop_rules, inductor_passes, library, sharding_rules
+from .compat.torch_version import torch_version, untested_torch_allowed
+from .contributions import GraphPass, HopRule, LibraryOps, OpHandler, Patch, ShardingStrategy
+from .errors import DtPluginError
+from .versions import in_range
+
+Undo = Callable[[], None]
+
+
+def install_library_ops(owner: str, library_ops: LibraryOps) -> Undo:
+    if library_ops.defined_in:
+        library.import_defining_module(library_ops.defined_in)
+    lib = library.new_library(library_ops.namespace, library_ops.kind)
+    try:
+        library_ops.define(lib)
+    except BaseException:
+        library.destroy_library(lib)
+        raise
+    return lambda: library.destroy_library(lib)
+
+
+def install_op_handler(owner: str, handler: OpHandler) -> Undo:
+    previous = dispatch.swap_op_handler(handler.op, handler.handler)
+    return lambda: dispatch.swap_op_handler(handler.op, previous)
+
+
+def install_sharding_strategy(owner: str, strategy: ShardingStrategy) -> Undo:
+    if strategy.kind == "placements":
+        func, schema_info = sharding_rules.placement_strategy(strategy.op, strategy.func)
+        strategy = ShardingStrategy(strategy.op, func, strategy.schema_info or schema_info)
+    previous = sharding_rules.swap_sharding_strategy(strategy)
+    return lambda: sharding_rules.restore_sharding_strategy(strategy.op, strategy.kind, previous)
+
+
+def install_hop_rule(owner: str, rule: HopRule) -> Undo:
+    previous = hop_rules.swap_hop_rule(rule.hop, rule.subclass, rule.fn)
+    return lambda: hop_rules.swap_hop_rule(rule.hop, rule.subclass, previous)
+
+
+def pass_identity(owner: str, graph_pass: GraphPass) -> str:
+    return f"{owner}:{graph_pass.name}"
+
+
+def install_graph_pass(owner: str, graph_pass: GraphPass) -> Undo:
+    identity = pass_identity(owner, graph_pass)
+    wrapped = inductor_passes.make_graph_pass(
+        identity, graph_pass.fn, graph_passes.uuid_function(identity, graph_pass)
+    )
+    # Lower `order` first within a stage; ties break on the pass identity.
+    inductor_passes.add_graph_pass(graph_pass.stage, (graph_pass.order, identity), wrapped)
+    return lambda: inductor_passes.remove_graph_pass(graph_pass.stage, wrapped)
+
+
+def patch_target(patch: Patch) -> Any:
+    """The object a patch changes: its target, or the object its "module[:path]" names."""
+    if not isinstance(patch.target, str):
+        return patch.target
+    module_name, _, path = patch.target.partition(":")
+    target = importlib.import_module(module_name)
+    for name in filter(None, path.split(".")):
+        target = getattr(target, name)
+    return target
+
+
+def install_patch(owner: str, patch: Patch) -> Undo:
+    if (
+        patch.torch_versions
+        and not in_range(torch_version(), patch.torch_versions)
+        and not untested_torch_allowed()
+    ):
+        raise DtPluginError(
+            f"{patch.claim()} was checked with torch {patch.torch_versions}, "
+            f"not {torch_version()}: upgrade the plugin"
+        )
+    target = patch_target(patch)
+    if not hasattr(target, patch.attribute):
+        raise DtPluginError(
+            f"{patch.claim()}: there is no such attribute in torch {torch_version()}, so the "
+            "patch does not fit this torch: upgrade the plugin"
+        )
+    own = vars(target) if hasattr(target, "__dict__") else {}
+    previous = own.get(patch.attribute, MISSING)
+    original = getattr(target, patch.attribute)
+    installed = patch.replacement(original) if patch.wrap_original else patch.replacement
+    setattr(target, patch.attribute, installed)
+
+    def undo() -> None:
+        current = getattr(target, patch.attribute, MISSING)
+        if current is not installed:
+            raise DtPluginError(
+                f"{patch.claim()} was replaced again by someone else; left as it is now"
+            )
+        if previous is MISSING:
+            delattr(target, patch.attribute)
+        else:
+            setattr(target, patch.attribute, previous)
+
+    return undo

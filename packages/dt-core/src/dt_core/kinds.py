@@ -1,0 +1,117 @@
+"""The table of contribution kinds: one entry says everything dt-core does with a kind.
+
+Each `Kind` names its hook, the record type the hook returns, the torch part whose import
+installs it, its installer (one contribution in, its undo out), the conflict key (two
+usable plugins with the same key in the same part conflict) and the column
+`dt-plugins list` shows it in. Activation (`dt_core.activation`) is driven by this table
+alone; adding a kind is one hookspec, one entry here and one installer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from . import installers
+from .compat import dispatch
+from .contributions import GraphPass, HopRule, LibraryOps, OpHandler, Patch, ShardingStrategy
+from .graph_passes import describe_settings
+
+Column = Literal["ops", "passes", "patches"]
+
+
+@dataclass(frozen=True)
+class Part:
+    """A group of kinds installed together: when `trigger` is first imported (None: as
+    soon as activation starts, so library ops exist before anyone calls them)."""
+
+    name: str
+    trigger: str | None
+
+
+LIBRARY = Part("torch", None)
+DTENSOR = Part("dtensor", "torch.distributed.tensor")
+INDUCTOR = Part("inductor", "torch._inductor.config")
+PARTS = (LIBRARY, DTENSOR, INDUCTOR)  # install order: strategies may name library ops
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of contribution (see the module docstring)."""
+
+    name: str  # key in PluginRecord.contributions
+    hook: str  # hookspec whose results are of `record_type`
+    record_type: type
+    part: Part
+    install: Callable[[str, Any], installers.Undo]  # (plugin name, contribution) -> undo
+    claims: Callable[[str, Any], list[str]]  # (plugin name, contribution) -> conflict keys
+    column: Column  # where `dt-plugins list` shows the claims
+    describe: Callable[[Any], dict[str, Any]] | None = None  # extra detail for the listing
+    after_change: Callable[[], None] | None = None  # once after installing or removing any
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind(
+        name="library_ops",
+        hook="dt_library_ops",
+        record_type=LibraryOps,
+        part=LIBRARY,
+        install=installers.install_library_ops,
+        claims=lambda owner, lib: list(lib.ops),
+        column="ops",
+    ),
+    Kind(
+        name="op_handlers",
+        hook="dt_op_handlers",
+        record_type=OpHandler,
+        part=DTENSOR,
+        install=installers.install_op_handler,
+        claims=lambda owner, handler: [str(handler.op)],
+        column="ops",
+        after_change=dispatch.clear_sharding_caches,
+    ),
+    Kind(
+        name="sharding_strategies",
+        hook="dt_sharding_strategies",
+        record_type=ShardingStrategy,
+        part=DTENSOR,
+        install=installers.install_sharding_strategy,
+        claims=lambda owner, strategy: [str(strategy.op)],
+        column="ops",
+        after_change=dispatch.clear_sharding_caches,
+    ),
+    Kind(
+        name="hop_rules",
+        hook="dt_hop_rules",
+        record_type=HopRule,
+        part=DTENSOR,
+        install=installers.install_hop_rule,
+        claims=lambda owner, rule: [rule.claim()],
+        column="ops",
+    ),
+    Kind(
+        name="patches",
+        hook="dt_patches",
+        record_type=Patch,
+        part=DTENSOR,
+        install=installers.install_patch,
+        claims=lambda owner, patch: [patch.claim()],
+        column="patches",
+        describe=lambda patch: {"torch": patch.torch_versions or "any"},
+    ),
+    Kind(
+        name="graph_passes",
+        hook="dt_graph_passes",
+        record_type=GraphPass,
+        part=INDUCTOR,
+        install=installers.install_graph_pass,
+        claims=lambda owner, graph_pass: [installers.pass_identity(owner, graph_pass)],
+        column="passes",
+        describe=describe_settings,
+    ),
+)
+
+
+def kinds_of(part: Part) -> tuple[Kind, ...]:
+    return tuple(kind for kind in KINDS if kind.part == part)
