@@ -3,7 +3,7 @@
 Runs in a fresh interpreter with the real installed plugins (all of this repository's
 that are installed, plus the sample plugin), autoload off so the "before" snapshot is
 torch alone: DTensor's handler and sharding tables, HOP rules, op-library registrations,
-Inductor's pass settings and every attribute a plugin patches.
+Inductor's pass settings, LocalTensorMode rules and every attribute a plugin patches.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import torch
 import torch.distributed.tensor, torch._inductor.config  # the tables live here
 import torch.distributed._symmetric_memory  # defines torch's own symm_mem ops (they stay)
+import torch.distributed._local_tensor  # LocalTensorMode: rules for it are installed now
 import dt_core
 from dt_core.discovery import load_plugin, plugin_entry_points
 from dt_core.testing.torch_state import differences, snapshot
@@ -58,6 +59,8 @@ def test_deactivate_gives_back_torchs_own_state_for_every_installed_plugin() -> 
     expected.add("patched attributes")  # the sample plugin's DTensor.__repr__
     if "cp" in report["states"]:  # dt-cp installed: its flex_attention HOP rules
         expected.add("hop rules")
+    if "symm-mem" in report["states"]:  # dt-symm-mem: its ops under LocalTensorMode
+        expected.add("local tensor rules")
     assert expected <= set(report["changed_tables"]), report["changed_tables"]
     # ... and deactivation put back every entry, the very objects torch had.
     assert report["left_behind"] == []

@@ -139,3 +139,23 @@ class Patch:
     def claim(self) -> str:
         """The name conflicts and `dt-plugins list` use: the patched attribute's path."""
         return f"patch {self.target_name()}.{self.attribute}"
+
+
+@dataclass(frozen=True)
+class LocalTensorRule:
+    """How op `op` ("namespace::name") runs under torch's LocalTensorMode, where one
+    process simulates every rank and runs each op once per rank: a kernel that talks to
+    its peers cannot work that way, so `fn(mode, func, types, args, kwargs)` computes the
+    result for all simulated ranks at once (e.g. from functional collectives, which the
+    mode simulates). Installed when `torch.distributed._local_tensor` is first imported;
+    registered with `torch.library.register_torch_dispatch` and removed on deactivate.
+    """
+
+    op: str
+    fn: Callable[..., object]
+
+    def namespace(self) -> str:
+        return self.op.split("::", 1)[0]
+
+    def claim(self) -> str:
+        return f"{self.op}[LocalTensorMode]"

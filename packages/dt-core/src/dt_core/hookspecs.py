@@ -18,7 +18,15 @@ from collections.abc import Sequence
 
 import pluggy
 
-from .contributions import GraphPass, HopRule, LibraryOps, OpHandler, Patch, ShardingStrategy
+from .contributions import (
+    GraphPass,
+    HopRule,
+    LibraryOps,
+    LocalTensorRule,
+    OpHandler,
+    Patch,
+    ShardingStrategy,
+)
 
 PROJECT = "dt"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -26,7 +34,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 # 1.0: op handlers, HOP rules, sharding strategies, library ops, graph passes.
 # 1.1: patches (dt_patches), LibraryOps.defined_in.
-HOOK_API_VERSION = "1.1"
+# 1.2: rules for torch's LocalTensorMode (dt_local_tensor_rules).
+HOOK_API_VERSION = "1.2"
 DEFAULT_PLUGIN_API = ">=1.0,<2"  # what a plugin without DT_API was written for
 PLUGIN_API_ATTRIBUTE = "DT_API"
 
@@ -59,3 +68,9 @@ def dt_graph_passes() -> Sequence[GraphPass]:
 @hookspec
 def dt_patches() -> Sequence[Patch]:
     """Attributes of torch the plugin replaces while active (API 1.1; DTensor's part)."""
+
+
+@hookspec
+def dt_local_tensor_rules() -> Sequence[LocalTensorRule]:
+    """How ops run under torch's LocalTensorMode (API 1.2; installed when that mode's
+    module is first imported)."""

@@ -13,7 +13,15 @@ from typing import Any
 from . import graph_passes
 from .compat import MISSING, dispatch, hop_rules, inductor_passes, library, sharding_rules
 from .compat.torch_version import torch_version, untested_torch_allowed
-from .contributions import GraphPass, HopRule, LibraryOps, OpHandler, Patch, ShardingStrategy
+from .contributions import (
+    GraphPass,
+    HopRule,
+    LibraryOps,
+    LocalTensorRule,
+    OpHandler,
+    Patch,
+    ShardingStrategy,
+)
 from .errors import DtPluginError
 from .versions import in_range
 
@@ -26,6 +34,18 @@ def install_library_ops(owner: str, library_ops: LibraryOps) -> Undo:
     lib = library.new_library(library_ops.namespace, library_ops.kind)
     try:
         library_ops.define(lib)
+    except BaseException:
+        library.destroy_library(lib)
+        raise
+    return lambda: library.destroy_library(lib)
+
+
+def install_local_tensor_rule(owner: str, rule: LocalTensorRule) -> Undo:
+    from .compat import local_tensor
+
+    lib = library.new_library(rule.namespace(), "FRAGMENT")
+    try:
+        local_tensor.register_mode_rule(lib, rule.op, rule.fn)
     except BaseException:
         library.destroy_library(lib)
         raise

@@ -15,7 +15,15 @@ from typing import Any, Literal
 
 from . import installers
 from .compat import dispatch
-from .contributions import GraphPass, HopRule, LibraryOps, OpHandler, Patch, ShardingStrategy
+from .contributions import (
+    GraphPass,
+    HopRule,
+    LibraryOps,
+    LocalTensorRule,
+    OpHandler,
+    Patch,
+    ShardingStrategy,
+)
 from .graph_passes import describe_settings
 
 Column = Literal["ops", "passes", "patches"]
@@ -33,7 +41,9 @@ class Part:
 LIBRARY = Part("torch", None)
 DTENSOR = Part("dtensor", "torch.distributed.tensor")
 INDUCTOR = Part("inductor", "torch._inductor.config")
-PARTS = (LIBRARY, DTENSOR, INDUCTOR)  # install order: strategies may name library ops
+LOCAL_TENSOR = Part("local_tensor", "torch.distributed._local_tensor")
+# install order: strategies may name library ops
+PARTS = (LIBRARY, DTENSOR, INDUCTOR, LOCAL_TENSOR)
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,15 @@ KINDS: tuple[Kind, ...] = (
         claims=lambda owner, graph_pass: [installers.pass_identity(owner, graph_pass)],
         column="passes",
         describe=describe_settings,
+    ),
+    Kind(
+        name="local_tensor_rules",
+        hook="dt_local_tensor_rules",
+        record_type=LocalTensorRule,
+        part=LOCAL_TENSOR,
+        install=installers.install_local_tensor_rule,
+        claims=lambda owner, rule: [rule.claim()],
+        column="ops",
     ),
 )
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dt_core import GraphPass, LibraryOps, hookimpl
+from dt_core import GraphPass, LibraryOps, LocalTensorRule, hookimpl
 
-DT_API = ">=1.1,<2"  # dt-core hook API this plugin is written for (1.1: LibraryOps.defined_in)
+# dt-core hook API this plugin is written for (1.1: LibraryOps.defined_in; 1.2: LocalTensorRule)
+DT_API = ">=1.2,<2"
 
 NAMESPACE = "symm_mem"
 DEFINED_IN = "torch.distributed._symmetric_memory"  # its import defines symm_mem::*
@@ -47,6 +48,18 @@ def _define(lib: Any) -> None:
 def dt_library_ops() -> list[LibraryOps]:
     ops = [f"{NAMESPACE}::{name}@CPU" for name in KERNELS]
     return [LibraryOps(NAMESPACE, _define, ops=ops, kind="IMPL", defined_in=DEFINED_IN)]
+
+
+def _simulated(mode: Any, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+    from dt_symm_mem.simulated import dispatch_rule
+
+    return dispatch_rule(mode, func, types, args, kwargs)
+
+
+@hookimpl
+def dt_local_tensor_rules() -> list[LocalTensorRule]:
+    """Under torch's LocalTensorMode the ops compute every simulated rank's result."""
+    return [LocalTensorRule(f"{NAMESPACE}::{name}", _simulated) for name in KERNELS]
 
 
 def _fuse(graph: Any) -> None:

@@ -1,7 +1,8 @@
 """torch's LocalTensorMode (one process simulating every rank), as plugins need it.
 
-Checked against torch 2.13 (`torch.distributed._local_tensor`, and the fake process group
-of `torch.testing._internal.distributed.fake_pg` for one-process worlds).
+Checked against torch 2.13.x (`CHECKED_WITH_TORCH`): `torch.distributed._local_tensor`,
+and the fake process group of `torch.testing._internal.distributed.fake_pg` for
+one-process worlds.
 
 Interface (plain functions):
     MODULE                                   the module whose import makes rules installable
@@ -10,6 +11,7 @@ Interface (plain functions):
                                              under LocalTensorMode (removed with `lib`)
     is_local_tensor(t) -> bool
     rank_values(t) -> {rank: tensor}         what each simulated rank holds
+    mode_rules() -> {op: fn}                 every LocalTensorMode rule registered now
     fake_process_group(world_size)           context: a fake default group of that size
 """
 
@@ -21,11 +23,12 @@ from typing import Any
 
 from . import ensure_supported_torch
 
+CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
 MODULE = "torch.distributed._local_tensor"
 
 
 def local_tensor_mode_type() -> type:
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch.distributed._local_tensor import LocalTensorMode
 
     return LocalTensorMode
@@ -39,8 +42,21 @@ def register_mode_rule(lib: Any, op: str, fn: Callable[..., Any]) -> None:
     torch.library.register_torch_dispatch(op, local_tensor_mode_type(), fn, lib=lib)
 
 
+def mode_rules() -> dict[str, Any]:
+    """Every op's LocalTensorMode rule in torch's op registry (qualified name -> rule)."""
+    from torch._library.simple_registry import singleton
+
+    mode = local_tensor_mode_type()
+    found = {}
+    for name, entry in singleton._data.items():
+        rules = entry.torch_dispatch_rules._data
+        if mode in rules:
+            found[name] = rules[mode]
+    return found
+
+
 def is_local_tensor(t: object) -> bool:
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import sys
 
     module = sys.modules.get(MODULE)
@@ -55,7 +71,7 @@ def rank_values(t: Any) -> dict[int, Any]:
 @contextlib.contextmanager
 def fake_process_group(world_size: int) -> Iterator[Any]:
     """A default process group of `world_size` ranks that sends nothing (rank 0 here)."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..compat import local_tensor as compat
+
+if TYPE_CHECKING:  # importing dt_core.testing (pytest loads it) must not import torch
+    import torch
 
 
 @contextlib.contextmanager

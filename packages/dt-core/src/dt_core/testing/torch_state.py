@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from dt_core.compat import dispatch, hop_rules, inductor_passes, library, sharding_rules
+from dt_core.compat import (
+    dispatch,
+    hop_rules,
+    inductor_passes,
+    library,
+    local_tensor,
+    sharding_rules,
+)
 from dt_core.contributions import PassStage, Patch
 from dt_core.installers import patch_target
 
@@ -51,6 +58,7 @@ def snapshot(patches: Iterable[Patch] = ()) -> Snapshot:
             "config class": type(config),
             **{s: getattr(config, s) for s in inductor_passes.STAGE_SETTINGS.values()},
         },
+        "local tensor rules": local_tensor.mode_rules(),
         "patched attributes": {
             patch.claim(): getattr(patch_target(patch), patch.attribute) for patch in patches
         },
