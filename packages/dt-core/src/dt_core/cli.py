@@ -1,4 +1,5 @@
-"""`dt-plugins`: list the installed plugins, or check that they can all work together."""
+"""`dt-plugins`: list the installed plugins (and their settings), check that they can all
+work together, or run a command and show what the plugins counted while it ran."""
 
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps([info.as_dict() for info in infos], indent=2, default=repr))
     else:
         print(_format_list(infos))
+    if args.settings:
+        from dt_core.kit.report import settings_table
+
+        print()
+        print(settings_table())
     return 0
 
 
@@ -97,12 +103,32 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stats(args: argparse.Namespace) -> int:
+    from dt_core.kit.report import run_with_stats, stats_table
+
+    command = [c for c in args.cmd if c != "--"] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        print("dt-plugins stats: give a command to run, e.g. dt-plugins stats -- python train.py")
+        return 2
+    code, totals, processes = run_with_stats(command)
+    print(stats_table(totals, processes))
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dt-plugins", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     list_parser = commands.add_parser("list", help="table of the installed plugins")
     list_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    list_parser.add_argument(
+        "--settings", action="store_true", help="also every plugin setting and its variable"
+    )
     list_parser.set_defaults(run=_list)
+    stats_parser = commands.add_parser(
+        "stats", help="run a command, then show the plugins' counters summed over its processes"
+    )
+    stats_parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command [args...]")
+    stats_parser.set_defaults(run=_stats)
     check_parser = commands.add_parser("check", help="exit non-zero when something is wrong")
     check_parser.set_defaults(run=_check)
     args = parser.parse_args(argv)
@@ -110,9 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Failures are reported by the command itself; the import-time warnings repeat them.
     warnings.filterwarnings("ignore", message="dt-core:", category=RuntimeWarning)
-    import torch  # noqa: F401 - show plugins as a user's `import torch` leaves them
+    if args.command != "stats":  # stats only runs a command: no need for torch here
+        import torch  # noqa: F401 - show plugins as a user's `import torch` leaves them
 
-    return args.run(args)
+    return int(args.run(args))
 
 
 if __name__ == "__main__":

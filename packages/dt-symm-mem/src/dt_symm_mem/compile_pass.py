@@ -9,13 +9,12 @@ the CPU, and leaves CUDA matches to torch's pass.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 from dt_core.compat import symm_mem as compat
 
-ENABLE_ENV = "DT_SYMM_MEM_COMPILE_PASS"
+from dt_symm_mem.settings import settings
 
 
 def _on_cpu(node: Any) -> bool:
@@ -26,20 +25,9 @@ def _on_cpu(node: Any) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
 
 
-def fused_op_count(graph: Any) -> dict[str, int]:
-    """How many fused symm_mem ops a graph calls, by op name (tests, diagnostics)."""
-    counts: dict[str, int] = {}
-    for node in graph.nodes:
-        target = getattr(node.target, "name", None)
-        name = target() if callable(target) else None
-        if node.op == "call_function" and name and name.startswith("symm_mem::fused"):
-            counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
 def fuse_cpu_collective_matmuls(graph: Any) -> None:
     """Rewrite every fusible CPU all-gather/reduce-scatter + matmul pattern in place."""
-    if os.environ.get(ENABLE_ENV, "1") == "0":
+    if not settings.current().compile_pass:
         return
     for match in compat.find_all_gather_matches(graph):
         shard_node, _ = compat.all_gather_match_parts(match)

@@ -13,6 +13,8 @@ from typing import Any
 
 from dt_core import GraphPass, LibraryOps, LocalTensorRule, hookimpl
 
+from dt_symm_mem.settings import settings
+
 # dt-core hook API this plugin is written for (1.1: LibraryOps.defined_in; 1.2: LocalTensorRule)
 DT_API = ">=1.2,<2"
 
@@ -69,9 +71,7 @@ def _fuse(graph: Any) -> None:
 
 
 def _settings() -> dict[str, Any]:
-    import os
-
-    return {"disabled": os.environ.get("DT_SYMM_MEM_COMPILE_PASS", "1") == "0"}
+    return {"disabled": not settings.current().compile_pass}
 
 
 @hookimpl

@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 
 from dt_symm_mem import segment
+from dt_symm_mem.settings import settings
 
-TIMEOUT_ENV = "DT_SYMM_MEM_TIMEOUT"
-DISABLE_ENV = "DT_SYMM_MEM_DISABLE"
-DEFAULT_TIMEOUT_S = 120.0
+TIMEOUT_ENV = settings.env_var("timeout")
+DISABLE_ENV = settings.env_var("disable")
 MIN_BUFFER_BYTES = 1 << 20
 CHANNELS = 4
 LINE_WORDS = 8  # int64 words per 64-byte line
@@ -55,7 +55,7 @@ class SymmMemTimeoutError(TimeoutError):
 
 
 def default_timeout() -> float:
-    return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    return settings.current().timeout
 
 
 def _round_size(nbytes: int, previous: int) -> int:
@@ -379,7 +379,7 @@ def _host_identity() -> tuple[str, str]:
 
 
 def _local_problem() -> str | None:
-    if os.environ.get(DISABLE_ENV, "0") == "1":
+    if settings.current().disable:
         return f"{DISABLE_ENV}=1"
     if platform.machine().lower() not in _X86:
         return f"flag ordering is only implemented for x86 (this is {platform.machine()})"

@@ -3,7 +3,8 @@
 A handler that cannot run an op sharded must still give torch's answer: it gathers its
 DTensor inputs, runs the op on full tensors on every rank, and hands the outputs back in
 the layout of the inputs they correspond to. It warns once per (op, reason), so a user
-learns why a layer is slow without a warning per call.
+learns why a layer is slow without a warning per call. Importing this module imports
+no torch: plugin modules load it while `import torch` is still running.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from typing import Any
-
-from ..dtensors import as_dtensor
 
 _warned: set[tuple[str, str, str]] = set()
 
@@ -63,6 +62,8 @@ def reshard_like(full: Any, mesh: Any, like: object) -> Any:
     """
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    from ..dtensors import as_dtensor
 
     if not isinstance(full, torch.Tensor):
         return full
