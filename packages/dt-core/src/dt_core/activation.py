@@ -10,6 +10,7 @@ they contribute is the registry's business (`dt_core.registry`).
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections.abc import Callable, Iterable
@@ -125,6 +126,9 @@ class Activation:
                         break
             _after_change(changed)
 
+    def _install_on_import(self, part: Part, _module: object) -> None:
+        self._install_part_safely(part)
+
     def _install_part_safely(self, part: Part) -> None:
         """Lazy path: errors become warnings (an import in user code must not break)."""
         try:
@@ -171,7 +175,7 @@ class Activation:
                     self._install_part_safely(part)
                 else:
                     import_hooks.when_imported(
-                        part.trigger, lambda _module, part=part: self._install_part_safely(part)
+                        part.trigger, functools.partial(self._install_on_import, part)
                     )
             return self.plugins()
 

@@ -3,6 +3,7 @@ hooks one plugin at a time, and marking (and warning once about) the ones that f
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections.abc import Callable
@@ -89,9 +90,10 @@ class PluginRegistry:
             for entry_point in discovery.plugin_entry_points():
                 dist, version = discovery.distribution_of(entry_point)
                 record = PluginRecord(entry_point.name, dist, version)
-                candidates.append((record, lambda ep=entry_point: discovery.load_plugin(ep)))
+                candidates.append((record, functools.partial(discovery.load_plugin, entry_point)))
             for name, plugin in self._in_process.items():
-                candidates.append((PluginRecord(name, None, None), lambda plugin=plugin: plugin))
+                loaded: Callable[[], Any] = functools.partial(_itself, plugin)
+                candidates.append((PluginRecord(name, None, None), loaded))
             for record, load in candidates:
                 self._records[record.name] = record
                 if discovery.is_disabled(record.name, disabled):
@@ -154,3 +156,8 @@ class PluginRegistry:
         """Collect again next time: ops a plugin defines are new objects after a reinstall."""
         for record in self._records.values():
             record.contributions.clear()
+
+
+def _itself(plugin: Any) -> Any:
+    """An in-process plugin is already loaded."""
+    return plugin

@@ -9,7 +9,7 @@ Meta kernels (Inductor asserts them), and runs the micro-pipelined exchange of
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -87,8 +87,8 @@ def _all_gather_mm_rows(
     out_dtypes: list[torch.dtype],
     gather_dim: int,
     return_A: bool,
-    mm: Callable[[int, torch.Tensor, list[torch.Tensor], int], None],
-    extra_shards: list[torch.Tensor] = (),  # type: ignore[assignment]
+    mm: Callable[[int, torch.Tensor, list[torch.Tensor], int, torch.Tensor], object],
+    extra_shards: Sequence[torch.Tensor] = (),
 ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
     """Gather along a non-last dim: rank r's rows of A (gather dim first, flattened)
     are consumed into rows r of each output as they arrive."""

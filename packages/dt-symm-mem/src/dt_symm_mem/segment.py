@@ -124,7 +124,7 @@ def create_anonymous(size: int) -> tuple[int, AnonymousSegment, mmap.mmap]:
         os.fchmod(fd, 0o600)
         os.ftruncate(fd, size)
         seals = getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0)
-        if seals and fcntl is not None and hasattr(fcntl, "F_ADD_SEALS"):
+        if seals and hasattr(fcntl, "F_ADD_SEALS"):
             # nobody (no rank, no other process of ours) can shrink it under a peer's mapping
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals | getattr(fcntl, "F_SEAL_SEAL", 0))
         info = os.fstat(fd)

@@ -15,6 +15,6 @@ CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
 def resolve_process_group(group_name: str) -> Any:
     """The ProcessGroup registered under `group_name`."""
     ensure_supported_torch(CHECKED_WITH_TORCH)
-    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 
-    return _resolve_process_group(group_name)
+    return _resolve_process_group(GroupName(group_name))

@@ -111,7 +111,8 @@ class World:
 
         self.world_size = world_size
         self._closed = False
-        self._store = dist.TCPStore(_HOST, 0, is_master=True, wait_for_workers=False)
+        store = dist.TCPStore(_HOST, 0, is_master=True, wait_for_workers=False)
+        self._store: dist.TCPStore | None = store
         timeout = default_timeout() if startup_timeout is None else startup_timeout
         ctx = mp.get_context("spawn")
         self._conns: list[Connection] = []
@@ -120,7 +121,7 @@ class World:
             for rank in range(world_size):
                 ours, theirs = ctx.Pipe()
                 self._conns.append(ours)
-                args = (rank, world_size, self._store.port, list(sys.path), theirs, timeout)
+                args = (rank, world_size, store.port, list(sys.path), theirs, timeout)
                 proc = ctx.Process(
                     target=_rank_main, args=args, name=f"dt-rank-{rank}", daemon=True
                 )
@@ -135,7 +136,7 @@ class World:
     @property
     def pids(self) -> list[int]:
         """Process ids by rank; unchanged while the world is reused."""
-        return [proc.pid for proc in self._procs]
+        return [proc.pid for proc in self._procs if proc.pid is not None]  # all started
 
     @property
     def alive(self) -> bool:
