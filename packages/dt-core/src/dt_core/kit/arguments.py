@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def bind_arguments(op_call: Any, args: tuple, kwargs: dict) -> dict[str, object]:
+def bind_arguments(
+    op_call: Any, args: tuple[object, ...], kwargs: dict[str, object]
+) -> dict[str, object]:
     """Every argument of `op_call` (a torch `OpOverload`) by name, defaults filled in."""
     values: dict[str, object] = {}
     for i, argument in enumerate(op_call._schema.arguments):
@@ -23,6 +25,8 @@ def bind_arguments(op_call: Any, args: tuple, kwargs: dict) -> dict[str, object]
     return values
 
 
-def bind_positional(op_call: Any, args: tuple, kwargs: dict) -> list[object]:
+def bind_positional(
+    op_call: Any, args: tuple[object, ...], kwargs: dict[str, object]
+) -> list[object]:
     """Every argument of `op_call` in schema order, defaults filled in."""
     return list(bind_arguments(op_call, args, kwargs).values())
