@@ -8,17 +8,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from .kit.report import text_table
 from .records import PluginInfo
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _format_list(infos: list[PluginInfo]) -> str:
@@ -40,7 +31,7 @@ def _format_list(infos: list[PluginInfo]) -> str:
                 str(len(info.patches)),
             ]
         )
-    out = [_table(rows), f"(this dt-core provides hook API {HOOK_API_VERSION})"]
+    out = [text_table(rows), f"(this dt-core provides hook API {HOOK_API_VERSION})"]
     for info in infos:
         if info.reason:
             out.append(f"{info.name}: {info.reason}")

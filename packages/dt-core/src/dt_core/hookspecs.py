@@ -18,15 +18,7 @@ from collections.abc import Sequence
 
 import pluggy
 
-from .contributions import (
-    GraphPass,
-    HopRule,
-    LibraryOps,
-    LocalTensorRule,
-    OpHandler,
-    Patch,
-    ShardingStrategy,
-)
+from . import contributions
 
 PROJECT = "dt"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -41,36 +33,36 @@ PLUGIN_API_ATTRIBUTE = "DT_API"
 
 
 @hookspec
-def dt_op_handlers() -> Sequence[OpHandler]:
+def dt_op_handlers() -> Sequence[contributions.OpHandler]:
     """Ops whose whole DTensor dispatch the plugin takes over."""
 
 
 @hookspec
-def dt_hop_rules() -> Sequence[HopRule]:
+def dt_hop_rules() -> Sequence[contributions.HopRule]:
     """Higher-order-operator rules for tensor subclasses (installed with DTensor's part)."""
 
 
 @hookspec
-def dt_sharding_strategies() -> Sequence[ShardingStrategy]:
+def dt_sharding_strategies() -> Sequence[contributions.ShardingStrategy]:
     """Sharding strategies / propagation rules the plugin registers."""
 
 
 @hookspec
-def dt_library_ops() -> Sequence[LibraryOps]:
+def dt_library_ops() -> Sequence[contributions.LibraryOps]:
     """torch.library ops (definitions, kernels, fake kernels) the plugin registers."""
 
 
 @hookspec
-def dt_graph_passes() -> Sequence[GraphPass]:
+def dt_graph_passes() -> Sequence[contributions.GraphPass]:
     """Inductor post-grad graph passes the plugin contributes."""
 
 
 @hookspec
-def dt_patches() -> Sequence[Patch]:
+def dt_patches() -> Sequence[contributions.Patch]:
     """Attributes of torch the plugin replaces while active (API 1.1; DTensor's part)."""
 
 
 @hookspec
-def dt_local_tensor_rules() -> Sequence[LocalTensorRule]:
+def dt_local_tensor_rules() -> Sequence[contributions.LocalTensorRule]:
     """How ops run under torch's LocalTensorMode (API 1.2; installed when that mode's
     module is first imported)."""

@@ -10,25 +10,16 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from . import graph_passes
+from . import contributions, graph_passes
 from .compat import MISSING, dispatch, hop_rules, inductor_passes, library, sharding_rules
 from .compat.torch_version import torch_version, untested_torch_allowed
-from .contributions import (
-    GraphPass,
-    HopRule,
-    LibraryOps,
-    LocalTensorRule,
-    OpHandler,
-    Patch,
-    ShardingStrategy,
-)
 from .errors import DtPluginError
 from .versions import in_range
 
 Undo = Callable[[], None]
 
 
-def install_library_ops(owner: str, library_ops: LibraryOps) -> Undo:
+def install_library_ops(owner: str, library_ops: contributions.LibraryOps) -> Undo:
     if library_ops.defined_in:
         library.import_defining_module(library_ops.defined_in)
     lib = library.new_library(library_ops.namespace, library_ops.kind)
@@ -40,7 +31,7 @@ def install_library_ops(owner: str, library_ops: LibraryOps) -> Undo:
     return lambda: library.destroy_library(lib)
 
 
-def install_local_tensor_rule(owner: str, rule: LocalTensorRule) -> Undo:
+def install_local_tensor_rule(owner: str, rule: contributions.LocalTensorRule) -> Undo:
     from .compat import local_tensor
 
     lib = library.new_library(rule.namespace(), "FRAGMENT")
@@ -52,29 +43,31 @@ def install_local_tensor_rule(owner: str, rule: LocalTensorRule) -> Undo:
     return lambda: library.destroy_library(lib)
 
 
-def install_op_handler(owner: str, handler: OpHandler) -> Undo:
+def install_op_handler(owner: str, handler: contributions.OpHandler) -> Undo:
     previous = dispatch.swap_op_handler(handler.op, handler.handler)
     return lambda: dispatch.swap_op_handler(handler.op, previous)
 
 
-def install_sharding_strategy(owner: str, strategy: ShardingStrategy) -> Undo:
+def install_sharding_strategy(owner: str, strategy: contributions.ShardingStrategy) -> Undo:
     if strategy.kind == "placements":
         func, schema_info = sharding_rules.placement_strategy(strategy.op, strategy.func)
-        strategy = ShardingStrategy(strategy.op, func, strategy.schema_info or schema_info)
+        strategy = contributions.ShardingStrategy(
+            strategy.op, func, strategy.schema_info or schema_info
+        )
     previous = sharding_rules.swap_sharding_strategy(strategy)
     return lambda: sharding_rules.restore_sharding_strategy(strategy.op, strategy.kind, previous)
 
 
-def install_hop_rule(owner: str, rule: HopRule) -> Undo:
+def install_hop_rule(owner: str, rule: contributions.HopRule) -> Undo:
     previous = hop_rules.swap_hop_rule(rule.hop, rule.subclass, rule.fn)
     return lambda: hop_rules.swap_hop_rule(rule.hop, rule.subclass, previous)
 
 
-def pass_identity(owner: str, graph_pass: GraphPass) -> str:
+def pass_identity(owner: str, graph_pass: contributions.GraphPass) -> str:
     return f"{owner}:{graph_pass.name}"
 
 
-def install_graph_pass(owner: str, graph_pass: GraphPass) -> Undo:
+def install_graph_pass(owner: str, graph_pass: contributions.GraphPass) -> Undo:
     identity = pass_identity(owner, graph_pass)
     wrapped = inductor_passes.make_graph_pass(
         identity, graph_pass.fn, graph_passes.uuid_function(identity, graph_pass)
@@ -84,7 +77,7 @@ def install_graph_pass(owner: str, graph_pass: GraphPass) -> Undo:
     return lambda: inductor_passes.remove_graph_pass(graph_pass.stage, wrapped)
 
 
-def patch_target(patch: Patch) -> Any:
+def patch_target(patch: contributions.Patch) -> Any:
     """The object a patch changes: its target, or the object its "module[:path]" names."""
     if not isinstance(patch.target, str):
         return patch.target
@@ -95,7 +88,7 @@ def patch_target(patch: Patch) -> Any:
     return target
 
 
-def install_patch(owner: str, patch: Patch) -> Undo:
+def install_patch(owner: str, patch: contributions.Patch) -> Undo:
     if (
         patch.torch_versions
         and not in_range(torch_version(), patch.torch_versions)

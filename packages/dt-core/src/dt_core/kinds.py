@@ -13,17 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from . import installers
+from . import contributions, installers
 from .compat import dispatch
-from .contributions import (
-    GraphPass,
-    HopRule,
-    LibraryOps,
-    LocalTensorRule,
-    OpHandler,
-    Patch,
-    ShardingStrategy,
-)
 from .graph_passes import describe_settings
 
 Column = Literal["ops", "passes", "patches"]
@@ -65,7 +56,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="library_ops",
         hook="dt_library_ops",
-        record_type=LibraryOps,
+        record_type=contributions.LibraryOps,
         part=LIBRARY,
         install=installers.install_library_ops,
         claims=lambda owner, lib: list(lib.ops),
@@ -74,7 +65,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="op_handlers",
         hook="dt_op_handlers",
-        record_type=OpHandler,
+        record_type=contributions.OpHandler,
         part=DTENSOR,
         install=installers.install_op_handler,
         claims=lambda owner, handler: [str(handler.op)],
@@ -84,7 +75,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="sharding_strategies",
         hook="dt_sharding_strategies",
-        record_type=ShardingStrategy,
+        record_type=contributions.ShardingStrategy,
         part=DTENSOR,
         install=installers.install_sharding_strategy,
         claims=lambda owner, strategy: [str(strategy.op)],
@@ -94,7 +85,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="hop_rules",
         hook="dt_hop_rules",
-        record_type=HopRule,
+        record_type=contributions.HopRule,
         part=DTENSOR,
         install=installers.install_hop_rule,
         claims=lambda owner, rule: [rule.claim()],
@@ -103,7 +94,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="patches",
         hook="dt_patches",
-        record_type=Patch,
+        record_type=contributions.Patch,
         part=DTENSOR,
         install=installers.install_patch,
         claims=lambda owner, patch: [patch.claim()],
@@ -113,7 +104,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="graph_passes",
         hook="dt_graph_passes",
-        record_type=GraphPass,
+        record_type=contributions.GraphPass,
         part=INDUCTOR,
         install=installers.install_graph_pass,
         claims=lambda owner, graph_pass: [installers.pass_identity(owner, graph_pass)],
@@ -123,7 +114,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="local_tensor_rules",
         hook="dt_local_tensor_rules",
-        record_type=LocalTensorRule,
+        record_type=contributions.LocalTensorRule,
         part=LOCAL_TENSOR,
         install=installers.install_local_tensor_rule,
         claims=lambda owner, rule: [rule.claim()],

@@ -12,7 +12,8 @@ from .counters import STATS_ENV
 from .settings import registered_settings
 
 
-def _table(rows: list[list[str]]) -> str:
+def text_table(rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell, a dashed line under the header row."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
@@ -37,7 +38,7 @@ def settings_table() -> str:
             )
     if len(rows) == 1:
         return "no plugin declares settings"
-    return _table(rows)
+    return text_table(rows)
 
 
 def run_with_stats(command: Sequence[str]) -> tuple[int, dict[str, dict[str, float]], int]:
@@ -69,4 +70,4 @@ def stats_table(totals: dict[str, dict[str, float]], processes: int) -> str:
             rows.append([plugin, name, f"{value:g}"])
     if len(rows) == 1:
         return f"no plugin counted anything ({processes} process(es) reported)"
-    return _table(rows)
+    return text_table(rows)
