@@ -248,3 +248,58 @@ def test_torch_cp_apis_2_ranks() -> None:
 @pytest.mark.ranks(4)
 def test_torch_cp_apis_4_ranks() -> None:
     torch_api_cases(4)
+
+
+@pytest.mark.ranks(2)
+def test_torch_flex_cp_module_wrapper_with_balancers() -> None:
+    """`_ContextParallel(FLEX)` with torch's balancers and a sharded BlockMask (torchtitan's
+    flex path). q stays a plain local tensor and K/V are gathered as plain tensors, so
+    dt-cp takes no part: the forward must equal one process with dt-cp installed, and the
+    backward stays torch's loud CPU refusal (never a quiet wrong gradient)."""
+    from torch.distributed.tensor.experimental._attention import (
+        _context_parallel_shard,
+        _ContextParallel,
+        context_parallel_unshard,
+    )
+    from torch.distributed.tensor.experimental._context_parallel import (
+        _PerDocumentHeadTailLoadBalancer,
+        _PTRRLoadBalancer,
+    )
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    mesh = cpu_mesh(2)
+    s, docs = 512, [128, 384]  # torch needs S % (P·128) == 0 and documents % 2P == 0
+    q, k, v, _ = make_qkv((1, 2, s, 8), 2, seed=5)
+    doc_id = torch.repeat_interleave(torch.arange(len(docs)), torch.tensor(docs))
+
+    def document_causal(b, h, qi, ki):
+        return (ki <= qi) & (doc_id[qi] == doc_id[ki])
+
+    block_mask = create_block_mask(document_causal, 1, 1, s, s, device="cpu")
+    want = flex_attention(q, k, v, block_mask=block_mask)
+
+    class FlexCore(torch.nn.Module):
+        def forward(self, q, k, v, block_mask):
+            return flex_attention(q, k, v, block_mask=block_mask)
+
+    module = FlexCore()
+    style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.FLEX)
+    parallelize_module(module, mesh, style)
+    balancers = {
+        "ptrr": _PTRRLoadBalancer(block_mask, 2),
+        "per-document": _PerDocumentHeadTailLoadBalancer([docs], 2, "cpu"),
+    }
+    try:
+        for name, balancer in balancers.items():
+            ql, kl, vl, mask = _context_parallel_shard(
+                mesh, [q, k, v, block_mask], [2, 2, 2, 0], load_balancer=balancer
+            )
+            out = module(ql, kl, vl, block_mask=mask)
+            (full,) = context_parallel_unshard(mesh, [out], [2], balancer)
+            err = (full - want).abs().max().item()
+            assert err < ATOL, f"{name}: forward max error {err:.3g}"
+            with pytest.raises(NotImplementedError, match="backward on CPU"):
+                module(ql.requires_grad_(), kl, vl, block_mask=mask)
+    finally:
+        restore_torch_cp_globals()
