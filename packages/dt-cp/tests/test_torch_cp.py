@@ -136,6 +136,57 @@ def wrapper_case(mesh, shape, kv_heads, causal, balance, compiled="", seed=0) ->
     return mismatch(name, got, want)
 
 
+def declared_balancer_case(mesh, kind: str) -> str | None:
+    """A torch balancer other than head-tail, named to dt-cp: causal SDPA through
+    `_ContextParallel` follows its permutation exactly."""
+    import dt_cp
+    from torch.distributed.tensor.experimental._attention import (
+        _context_parallel_shard,
+        _ContextParallel,
+        _disable_context_parallel_dispatcher,
+        _enable_context_parallel_dispatcher,
+        context_parallel_unshard,
+    )
+    from torch.distributed.tensor.experimental._context_parallel import (
+        _PerDocumentHeadTailLoadBalancer,
+        _PTRRLoadBalancer,
+    )
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    world = mesh.size()
+    if kind == "per-document":
+        docs = [2 * world, 6 * world]
+        shape = (1, 4, sum(docs), 8)
+        balancer = _PerDocumentHeadTailLoadBalancer([docs], world, "cpu")
+    else:
+        shape = (1, 4, 128 * world, 8)  # PTRR shares out 128-row blocks
+
+        def causal_mask(b, h, qi, ki):
+            return ki <= qi
+
+        block_mask = create_block_mask(causal_mask, 1, 1, shape[2], shape[2], device="cpu")
+        balancer = _PTRRLoadBalancer(block_mask, world)
+    full, want = reference(shape, 2, True, seed=7)
+    module = Attention(True, True)
+    style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)
+    parallelize_module(module, mesh, style)
+    q, k, v, g = _context_parallel_shard(mesh, full, [2] * 4, load_balancer=balancer)
+    _enable_context_parallel_dispatcher()
+    try:
+        with dt_cp.settings(torch_load_balancer=balancer):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = module(*leaves)
+            out.backward(g)
+        got = context_parallel_unshard(
+            mesh, [out.detach(), *(t.grad for t in leaves)], [2] * 4, balancer
+        )
+    finally:
+        _disable_context_parallel_dispatcher()
+        restore_torch_cp_globals()
+    return mismatch(f"declared {kind} balancer", got, want)
+
+
 def torch_api_cases(world: int) -> None:
     mesh = cpu_mesh(world)
     cases = []
@@ -166,6 +217,8 @@ def torch_api_cases(world: int) -> None:
     for how in ("forward", "module"):
         cases.append(("compiled", lambda how=how: wrapper_case(mesh, shape, 2, True, True, how)))
     cases.append(("dt-cp after torch", lambda: dt_cp_mode_after_torch_cp(mesh)))
+    for kind in ("per-document", "ptrr"):
+        cases.append((kind, lambda kind=kind: declared_balancer_case(mesh, kind)))
     run_all(cases)
     refusals(mesh)
 
@@ -231,6 +284,17 @@ def refusals(mesh) -> None:
         with dt_cp.settings(load_balancer="document", documents=(q.shape[2],)):
             with pytest.raises(TorchLayoutError, match="'document'"):
                 F.scaled_dot_product_attention(qd, kd, vd, **causal)
+        # A declared balancer that does not fit the mesh or the length: named, refused.
+        for wrong, match in (
+            (_HeadTailLoadBalancer(q.shape[2], 2 * world, "cpu"), "world size"),
+            (_HeadTailLoadBalancer(2 * q.shape[2], world, "cpu"), "permutes"),
+        ):
+            with dt_cp.settings(torch_load_balancer=wrong):
+                with pytest.raises(TorchLayoutError, match=f"torch_load_balancer.*{match}"):
+                    F.scaled_dot_product_attention(qd, kd, vd, **causal)
+        with pytest.raises(TypeError, match="torch_load_balancer"):
+            with dt_cp.settings(torch_load_balancer="head_tail"):
+                pass
         # The replicate fallback would read the permuted order: refused, not computed.
         k_rep = distribute_tensor(k, mesh, [Replicate()])
         with pytest.raises(ValueError, match="permuted order"):

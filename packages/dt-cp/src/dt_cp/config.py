@@ -36,6 +36,13 @@ class Settings:
     load_balancer: str = "none"
     documents: tuple[int, ...] | None = None
     torch_cp: str = "auto"
+    # The torch `_LoadBalancer` handed to `_context_parallel_shard` (torch records only
+    # that one was used; its own ring assumes head-tail). Declaring it lets attention
+    # follow any torch balancer's permutation exactly.
+    torch_load_balancer: object | None = None
+    # Its permutation, computed when declared: balancers may use vmap, which cannot run
+    # inside DTensor's dispatch where attention reads it.
+    torch_balancer_indices: object | None = None
 
 
 def _check(algorithm: str | None, load_balancer: str | None, torch_cp: str | None = None) -> None:
@@ -76,11 +83,32 @@ def _updated(
     load_balancer: str | None,
     documents: Sequence[int] | None,
     torch_cp: str | None = None,
+    torch_load_balancer: object | None = None,
 ) -> Settings:
     _check(algorithm, load_balancer, torch_cp)
+    if torch_load_balancer is not None:
+        from dt_core.compat.context_parallel import is_torch_load_balancer
+
+        if not is_torch_load_balancer(torch_load_balancer):
+            raise TypeError(
+                "dt-cp: torch_load_balancer must be one of torch's context-parallel load "
+                f"balancers (a _LoadBalancer), got {type(torch_load_balancer).__name__}"
+            )
+        from dt_core.compat.context_parallel import balancer_indices
+
+        try:
+            indices = balancer_indices(torch_load_balancer)
+        except (AssertionError, NotImplementedError, RuntimeError, ValueError) as error:
+            raise ValueError(
+                f"dt-cp: torch_load_balancer cannot lay out its sequence "
+                f"({type(error).__name__}: {error}); its lengths must split into the pieces "
+                "it needs"
+            ) from error
+        base = replace(base, torch_balancer_indices=indices)
     return replace(
         base,
         torch_cp=torch_cp or base.torch_cp,
+        torch_load_balancer=torch_load_balancer or base.torch_load_balancer,
         algorithm=algorithm or base.algorithm,
         load_balancer=load_balancer or base.load_balancer,
         documents=base.documents if documents is None else tuple(int(n) for n in documents),
@@ -92,11 +120,12 @@ def configure(
     load_balancer: str | None = None,
     documents: Sequence[int] | None = None,
     torch_cp: str | None = None,
+    torch_load_balancer: object | None = None,
 ) -> Settings:
     """Set process-wide defaults (None keeps the current value); returns the new settings."""
     global _configured
     base = _configured if _configured is not None else _from_env()
-    _configured = _updated(base, algorithm, load_balancer, documents, torch_cp)
+    _configured = _updated(base, algorithm, load_balancer, documents, torch_cp, torch_load_balancer)
     return _configured
 
 
@@ -112,9 +141,10 @@ def settings(
     load_balancer: str | None = None,
     documents: Sequence[int] | None = None,
     torch_cp: str | None = None,
+    torch_load_balancer: object | None = None,
 ) -> Iterator[Settings]:
     """Use these settings inside the block only."""
-    new = _updated(current(), algorithm, load_balancer, documents, torch_cp)
+    new = _updated(current(), algorithm, load_balancer, documents, torch_cp, torch_load_balancer)
     token = _scoped.set(new)
     try:
         yield new

@@ -14,7 +14,12 @@ import datetime
 import functools
 
 import torch
-from dt_core.compat.context_parallel import TorchCpState, default_balancer_indices, torch_cp_state
+from dt_core.compat.context_parallel import (
+    TorchCpState,
+    balancer_world_size,
+    default_balancer_indices,
+    torch_cp_state,
+)
 
 from .config import Settings
 from .layout import SequenceLayout, from_permutation
@@ -34,7 +39,8 @@ AMBIGUOUS = (
     "context-parallel dispatcher is off, so dt-cp cannot tell whether these Shard(2) "
     "DTensors are in that balancer's order or in natural order. If they come from torch's "
     "CP APIs, call torch.distributed.tensor.experimental._context_parallel."
-    "_enable_context_parallel_dispatcher() first; if they come from dt_cp.shard_sequence "
+    "_enable_context_parallel_dispatcher() first, or name the balancer with "
+    "dt_cp.settings(torch_load_balancer=...); if they come from dt_cp.shard_sequence "
     "or distribute_tensor, run attention under dt_cp.settings(torch_cp='ignore')."
 )
 
@@ -49,6 +55,8 @@ def active_state(settings: Settings) -> TorchCpState | None:
     if state.dispatcher_enabled:
         return state
     if state.mode == "module_wrapper" and state.load_balance:
+        if settings.torch_load_balancer is not None:
+            return state  # the user said which balancer torch's shard call used
         raise TorchLayoutError(f"dt-cp: {AMBIGUOUS}")
     return None
 
@@ -59,10 +67,47 @@ def _balanced(length: int, parts: int) -> SequenceLayout:
     return from_permutation(default_balancer_indices(length, parts), sizes)
 
 
-def torch_layout(state: TorchCpState, length: int, parts: int, what: str) -> SequenceLayout:
+def settings_indices() -> torch.Tensor:
+    from .config import current
+
+    return current().torch_balancer_indices
+
+
+def declared_layout(balancer: object, length: int, parts: int, what: str) -> SequenceLayout:
+    """The layout a declared torch balancer gives; errors name `torch_load_balancer`."""
+    size = balancer_world_size(balancer)
+    if size is not None and size != parts:
+        raise TorchLayoutError(
+            f"dt-cp: torch_load_balancer was built for world size {size}, but the mesh dim "
+            f"sharding the sequence has {parts} ranks"
+        )
+    indices = settings_indices()
+    if indices.shape[-1] != length:
+        raise TorchLayoutError(
+            f"dt-cp: torch_load_balancer permutes {indices.shape[-1]} positions, but {what} "
+            f"has global sequence length {length}"
+        )
+    rows = indices.reshape(-1, length)
+    if not bool((rows == rows[:1]).all()):
+        raise TorchLayoutError(
+            "dt-cp: torch_load_balancer permutes batch rows differently; dt-cp needs one "
+            "layout for the whole batch"
+        )
+    if length % parts:
+        raise TorchLayoutError(
+            f"dt-cp: {what} has global sequence length {length}, not divisible by {parts}"
+        )
+    return from_permutation(rows[0], [length // parts] * parts)
+
+
+def torch_layout(
+    state: TorchCpState, length: int, parts: int, what: str, declared: object | None = None
+) -> SequenceLayout:
     """The layout torch's CP APIs gave a sequence of global `length` on `parts` ranks."""
     if not state.load_balance:
         return SequenceLayout(length, parts)
+    if declared is not None:
+        return declared_layout(declared, length, parts, what)
     if default_balancer_indices(length, parts) is None:
         raise TorchLayoutError(
             f"dt-cp: {what} has global sequence length {length}, which torch's head-tail "
