@@ -13,6 +13,7 @@ share straight home. A rank holds its own block and a few chunks: no foreign blo
 
 from __future__ import annotations
 
+import collections
 import functools
 from dataclasses import dataclass
 
@@ -207,6 +208,34 @@ def _post_chunk(
     return RingStep(send, _block_buffers(k, v, hi - lo), pg, tag=1, shift=step)
 
 
+# K/V chunks in flight ahead of the one being computed. Two absorb the step-to-step
+# differences in work between partners (lockstep stalls) for one extra chunk of memory.
+RING_PREFETCH_CHUNKS = 2
+
+
+class _Prefetch:
+    """Posts the ring's chunk exchanges `RING_PREFETCH_CHUNKS` ahead; `next()` waits."""
+
+    def __init__(
+        self, shards: Shards, pg: dist.ProcessGroup, k: torch.Tensor, v: torch.Tensor, items: list
+    ) -> None:
+        self._post = lambda item: _post_chunk(shards, pg, k, v, item)
+        self._items = items
+        self._posted: collections.deque[RingStep] = collections.deque()
+        self._next = 0
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._next < len(self._items) and len(self._posted) < RING_PREFETCH_CHUNKS:
+            self._posted.append(self._post(self._items[self._next]))
+            self._next += 1
+
+    def next(self) -> list[torch.Tensor]:
+        received = self._posted.popleft().wait()
+        self._fill()
+        return received
+
+
 def ring_forward(
     spec: AttentionSpec, shards: Shards, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -215,11 +244,10 @@ def ring_forward(
     acc = Accumulator(q, v.shape[-1])
     q_ranges = shards.q_ranges()
     items = _ring_items(shards, spec.causal)
-    incoming = _post_chunk(shards, pg, k, v, items[0]) if items else None
+    incoming = _Prefetch(shards, pg, k, v, items)
     block_forward(spec, acc, q, q_ranges, k, v, shards.kv_layout.ranges(shards.rank))
-    for i, item in enumerate(items):
-        current = incoming.wait() if incoming is not None else []
-        incoming = _post_chunk(shards, pg, k, v, items[i + 1]) if i + 1 < len(items) else None
+    for item in items:
+        current = incoming.next()
         _, source, _, lo, hi, _ = item
         ranges = _slice_ranges(shards.kv_layout.ranges(source), lo, hi)
         block_forward(spec, acc, q, q_ranges, *current, ranges)
@@ -249,7 +277,7 @@ def ring_backward(
     mine = _chunk_bounds(k.shape[2], chunks)
     dq = torch.zeros_like(q)
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    incoming = _post_chunk(shards, pg, k, v, items[0]) if items else None
+    incoming = _Prefetch(shards, pg, k, v, items)
     block_backward(
         spec, dq, dout, q, q_ranges, k, v, shards.kv_layout.ranges(shards.rank), out, lse, dk, dv
     )
@@ -262,9 +290,8 @@ def ring_backward(
             dk[:, :, a:b] += share_k
             dv[:, :, a:b] += share_v
 
-    for i, item in enumerate(items):
-        current = incoming.wait() if incoming is not None else []
-        incoming = _post_chunk(shards, pg, k, v, items[i + 1]) if i + 1 < len(items) else None
+    for item in items:
+        current = incoming.next()
         step, source, _c, lo, hi, sent = item
         ranges = _slice_ranges(shards.kv_layout.ranges(source), lo, hi)
         share = block_backward(spec, dq, dout, q, q_ranges, *current, ranges, out, lse)
