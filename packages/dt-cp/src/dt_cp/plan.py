@@ -151,9 +151,8 @@ def _make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan |
         algorithm = settings.algorithm
     else:
         check_settings_agree(torch_state, settings)
-        declared = settings.torch_load_balancer
-        q_layout = torch_layout(torch_state, q.shape[SEQ_DIM], parts, "query", declared)
-        kv_layout = torch_layout(torch_state, k.shape[SEQ_DIM], parts, "key", declared)
+        q_layout = torch_layout(torch_state, q.shape[SEQ_DIM], parts, "query", settings)
+        kv_layout = torch_layout(torch_state, k.shape[SEQ_DIM], parts, "key", settings)
         from dt_core.compat.attention import is_traced
 
         if not is_traced(q.to_local()):

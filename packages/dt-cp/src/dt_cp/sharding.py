@@ -33,8 +33,7 @@ def _check_torch_agrees(layout: SequenceLayout) -> None:
     state = torch_cp_state()
     if state is None or not state.dispatcher_enabled:
         return
-    declared = current().torch_load_balancer
-    expected = torch_layout(state, layout.length, layout.parts, "the tensor", declared)
+    expected = torch_layout(state, layout.length, layout.parts, "the tensor", current())
     if not torch.equal(layout.permutation(), expected.permutation()):
         raise TorchLayoutError(
             f"dt-cp: torch's context-parallel dispatcher is on with "

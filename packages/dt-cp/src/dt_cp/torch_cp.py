@@ -67,21 +67,19 @@ def _balanced(length: int, parts: int) -> SequenceLayout:
     return from_permutation(default_balancer_indices(length, parts), sizes)
 
 
-def settings_indices() -> torch.Tensor:
-    from .config import current
+def declared_layout(settings: Settings, length: int, parts: int, what: str) -> SequenceLayout:
+    """The layout the declared torch balancer gives; errors name `torch_load_balancer`.
 
-    return current().torch_balancer_indices
-
-
-def declared_layout(balancer: object, length: int, parts: int, what: str) -> SequenceLayout:
-    """The layout a declared torch balancer gives; errors name `torch_load_balancer`."""
+    Its permutation was computed when it was declared (`settings.torch_balancer_indices`).
+    """
+    balancer = settings.torch_load_balancer
     size = balancer_world_size(balancer)
     if size is not None and size != parts:
         raise TorchLayoutError(
             f"dt-cp: torch_load_balancer was built for world size {size}, but the mesh dim "
             f"sharding the sequence has {parts} ranks"
         )
-    indices = settings_indices()
+    indices = settings.torch_balancer_indices
     if indices.shape[-1] != length:
         raise TorchLayoutError(
             f"dt-cp: torch_load_balancer permutes {indices.shape[-1]} positions, but {what} "
@@ -101,13 +99,14 @@ def declared_layout(balancer: object, length: int, parts: int, what: str) -> Seq
 
 
 def torch_layout(
-    state: TorchCpState, length: int, parts: int, what: str, declared: object | None = None
+    state: TorchCpState, length: int, parts: int, what: str, settings: Settings | None = None
 ) -> SequenceLayout:
-    """The layout torch's CP APIs gave a sequence of global `length` on `parts` ranks."""
+    """The layout torch's CP APIs gave a sequence of global `length` on `parts` ranks
+    (that of the torch balancer named in `settings`, if any; else torch's head-tail)."""
     if not state.load_balance:
         return SequenceLayout(length, parts)
-    if declared is not None:
-        return declared_layout(declared, length, parts, what)
+    if settings is not None and settings.torch_load_balancer is not None:
+        return declared_layout(settings, length, parts, what)
     if default_balancer_indices(length, parts) is None:
         raise TorchLayoutError(
             f"dt-cp: {what} has global sequence length {length}, which torch's head-tail "
