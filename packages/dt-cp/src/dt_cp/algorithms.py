@@ -13,6 +13,8 @@ share straight home. A rank holds its own block and a few chunks: no foreign blo
 
 from __future__ import annotations
 
+import collections
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -127,21 +129,71 @@ def _slice_ranges(ranges: list[Range], lo: int, hi: int) -> list[Range]:
     return out
 
 
-def _ring_items(shards: Shards) -> list[tuple[int, int, int, int, int]]:
-    """(step, source rank, chunk, first row, end row) of every foreign K/V chunk, in order.
+def _causal_pairs(q_ranges: list[Range], k_ranges: list[Range]) -> int:
+    """(query, key) pairs with key position <= query position, over two range lists."""
+    total = 0
+    for q0, qn in q_ranges:
+        for k0, kn in k_ranges:
+            # For query i: keys k0..min(i, k0+kn-1) are visible.
+            lo, hi = q0, q0 + qn - 1  # query positions
+            full_from = k0 + kn - 1  # queries >= this see the whole key range
+            part_hi = min(hi, full_from - 1)
+            if part_hi >= max(lo, k0):  # queries seeing part of the range
+                a = max(lo, k0)
+                total += (part_hi - a + 1) * (a - k0 + 1 + part_hi - k0 + 1) // 2
+            if hi >= full_from:
+                total += (hi - max(lo, full_from) + 1) * kn
+    return total
+
+
+@functools.lru_cache(maxsize=256)
+def _chunk_order(shards: Shards, receiver: int, source: int, causal: bool) -> tuple[int, ...]:
+    """The order `receiver` gets `source`'s chunks in, spreading its work evenly over steps.
+
+    Chunks are exchanged in lockstep (one in flight), so a rank whose work comes in a burst
+    (e.g. head-tail: every early chunk fully visible, every late one hidden) stalls its
+    partner, then idles while the partner catches up. Greedy: each next chunk keeps the
+    running work closest to its even share. Sender and receiver compute the same order
+    from global layouts, so the exchange still pairs up.
+    """
+    sizes = shards.kv_layout.sizes()
+    chunks = _chunk_count(sizes)
+    if not causal or chunks == 1:
+        return tuple(range(chunks))
+    bounds = _chunk_bounds(sizes[source], chunks)
+    q_ranges = shards.q_layout.ranges(receiver)
+    kv = shards.kv_layout.ranges(source)
+    work = [
+        _causal_pairs(q_ranges, _slice_ranges(kv, bounds[c], bounds[c + 1])) for c in range(chunks)
+    ]
+    mean = sum(work) / chunks
+    order, done, left = [], 0, list(range(chunks))
+    for i in range(chunks):
+        best = min(left, key=lambda c: (abs(done + work[c] - (i + 1) * mean), c))
+        left.remove(best)
+        order.append(best)
+        done += work[best]
+    return tuple(order)
+
+
+def _ring_items(shards: Shards, causal: bool) -> list[tuple[int, int, int, int, int, int]]:
+    """(step, source rank, chunk received, first row, end row, chunk sent) in order.
 
     At step s a rank receives the block of rank - s straight from its owner (and sends
     its own block to rank + s), chunk by chunk, so nothing is relayed and no rank ever
-    holds a foreign block whole.
+    holds a foreign block whole. Chunks go in each receiver's balanced order.
     """
     sizes = shards.kv_layout.sizes()
     chunks = _chunk_count(sizes)
     items = []
     for step in range(1, shards.parts):
         source = (shards.rank - step) % shards.parts
+        target = (shards.rank + step) % shards.parts
         bounds = _chunk_bounds(sizes[source], chunks)
-        for c in range(chunks):
-            items.append((step, source, c, bounds[c], bounds[c + 1]))
+        receive = _chunk_order(shards, shards.rank, source, causal)
+        send = _chunk_order(shards, target, shards.rank, causal)
+        for c, sent in zip(receive, send, strict=True):
+            items.append((step, source, c, bounds[c], bounds[c + 1], sent))
     return items
 
 
@@ -149,11 +201,39 @@ def _post_chunk(
     shards: Shards, pg: dist.ProcessGroup, k: torch.Tensor, v: torch.Tensor, item: tuple
 ) -> RingStep:
     """Send this rank's chunk for `item` to rank + step; receive the item's chunk."""
-    step, _source, c, lo, hi = item
+    step, _source, _c, lo, hi, sent = item
     mine = _chunk_bounds(k.shape[2], _chunk_count(shards.kv_layout.sizes()))
-    a, b = mine[c], mine[c + 1]
+    a, b = mine[sent], mine[sent + 1]
     send = [k[:, :, a:b], v[:, :, a:b]]
     return RingStep(send, _block_buffers(k, v, hi - lo), pg, tag=1, shift=step)
+
+
+# K/V chunks in flight ahead of the one being computed. Two absorb the step-to-step
+# differences in work between partners (lockstep stalls) for one extra chunk of memory.
+RING_PREFETCH_CHUNKS = 2
+
+
+class _Prefetch:
+    """Posts the ring's chunk exchanges `RING_PREFETCH_CHUNKS` ahead; `next()` waits."""
+
+    def __init__(
+        self, shards: Shards, pg: dist.ProcessGroup, k: torch.Tensor, v: torch.Tensor, items: list
+    ) -> None:
+        self._post = lambda item: _post_chunk(shards, pg, k, v, item)
+        self._items = items
+        self._posted: collections.deque[RingStep] = collections.deque()
+        self._next = 0
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._next < len(self._items) and len(self._posted) < RING_PREFETCH_CHUNKS:
+            self._posted.append(self._post(self._items[self._next]))
+            self._next += 1
+
+    def next(self) -> list[torch.Tensor]:
+        received = self._posted.popleft().wait()
+        self._fill()
+        return received
 
 
 def ring_forward(
@@ -163,13 +243,12 @@ def ring_forward(
     pg = group_of(shards.group)
     acc = Accumulator(q, v.shape[-1])
     q_ranges = shards.q_ranges()
-    items = _ring_items(shards)
-    incoming = _post_chunk(shards, pg, k, v, items[0]) if items else None
+    items = _ring_items(shards, spec.causal)
+    incoming = _Prefetch(shards, pg, k, v, items)
     block_forward(spec, acc, q, q_ranges, k, v, shards.kv_layout.ranges(shards.rank))
-    for i, item in enumerate(items):
-        current = incoming.wait() if incoming is not None else []
-        incoming = _post_chunk(shards, pg, k, v, items[i + 1]) if i + 1 < len(items) else None
-        _, source, _, lo, hi = item
+    for item in items:
+        current = incoming.next()
+        _, source, _, lo, hi, _ = item
         ranges = _slice_ranges(shards.kv_layout.ranges(source), lo, hi)
         block_forward(spec, acc, q, q_ranges, *current, ranges)
         del current
@@ -193,12 +272,12 @@ def ring_backward(
     """
     pg = group_of(shards.group)
     q_ranges = shards.q_ranges()
-    items = _ring_items(shards)
+    items = _ring_items(shards, spec.causal)
     chunks = _chunk_count(shards.kv_layout.sizes())
     mine = _chunk_bounds(k.shape[2], chunks)
     dq = torch.zeros_like(q)
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    incoming = _post_chunk(shards, pg, k, v, items[0]) if items else None
+    incoming = _Prefetch(shards, pg, k, v, items)
     block_backward(
         spec, dq, dout, q, q_ranges, k, v, shards.kv_layout.ranges(shards.rank), out, lse, dk, dv
     )
@@ -211,17 +290,16 @@ def ring_backward(
             dk[:, :, a:b] += share_k
             dv[:, :, a:b] += share_v
 
-    for i, item in enumerate(items):
-        current = incoming.wait() if incoming is not None else []
-        incoming = _post_chunk(shards, pg, k, v, items[i + 1]) if i + 1 < len(items) else None
-        step, source, c, lo, hi = item
+    for item in items:
+        current = incoming.next()
+        step, source, _c, lo, hi, sent = item
         ranges = _slice_ranges(shards.kv_layout.ranges(source), lo, hi)
         share = block_backward(spec, dq, dout, q, q_ranges, *current, ranges, out, lse)
         del current
         settle()
-        # My share of chunk c of rank - step goes home; rank + step's share of my chunk c
-        # comes in (every rank runs the same items, so the exchange pairs up).
-        a, b = mine[c], mine[c + 1]
+        # My share of the chunk of rank - step goes home; rank + step's share of the chunk
+        # I sent it comes in (every rank runs the same schedule, so the exchange pairs up).
+        a, b = mine[sent], mine[sent + 1]
         exchange = RingStep(share, _block_buffers(k, v, b - a), pg, tag=2, shift=-step)
         returning = (exchange, a, b)
         del share

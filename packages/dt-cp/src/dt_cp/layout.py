@@ -37,8 +37,17 @@ class SequenceLayout:
     parts: int
     balancer: str = "none"
     documents: tuple[int, ...] | None = None  # document lengths, for balancer="document"
+    # Per-rank ranges given outright, for balancer="explicit" (layouts chosen elsewhere,
+    # e.g. by torch's context-parallel APIs): explicit[r] is rank r's ranges in order.
+    explicit: tuple[tuple[Range, ...], ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.balancer == "explicit":
+            ranks = self.explicit
+            if ranks is None or len(ranks) != self.parts:
+                raise ValueError("dt-cp: an explicit layout needs one range list per rank")
+            if sum(n for rs in ranks for _, n in rs) != self.length:
+                raise ValueError("dt-cp: explicit ranges do not cover the sequence length")
         if self.balancer == "document":
             docs = self.documents
             if docs is None:
@@ -54,10 +63,14 @@ class SequenceLayout:
                 )
 
     def sizes(self) -> list[int]:
+        if self.balancer == "explicit":
+            return [sum(n for _, n in rs) for rs in self.explicit or ()]
         return shard_sizes(self.length, self.parts)
 
     def ranges(self, rank: int) -> list[Range]:
         """Global (start, length) ranges held by `rank`, in local order."""
+        if self.balancer == "explicit":
+            return list(self.explicit[rank]) if self.explicit else []
         sizes = self.sizes()
         if self.balancer == "none":
             return [(sum(sizes[:rank]), sizes[rank])]
@@ -79,6 +92,27 @@ class SequenceLayout:
     def permutation(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """Global positions in sharded order: `full.index_select(dim, perm)` then Shard."""
         return torch.cat([self.positions(r, device) for r in range(self.parts)])
+
+
+def runs(positions: torch.Tensor) -> tuple[Range, ...]:
+    """1-D global `positions` (in local order) as maximal contiguous (start, length) ranges."""
+    if positions.numel() == 0:
+        return ()
+    breaks = torch.nonzero(positions[1:] - positions[:-1] != 1).flatten() + 1
+    edges = [0, *breaks.tolist(), positions.numel()]
+    starts = positions[edges[:-1]].tolist()
+    return tuple((s, b - a) for s, a, b in zip(starts, edges[:-1], edges[1:], strict=True))
+
+
+def from_permutation(permutation: torch.Tensor, sizes: list[int]) -> SequenceLayout:
+    """The layout of `full.index_select(dim, permutation)` sharded with local lengths `sizes`."""
+    permutation = permutation.reshape(-1).long().cpu()
+    n = permutation.numel()
+    if sum(sizes) != n or not torch.equal(torch.sort(permutation).values, torch.arange(n)):
+        raise ValueError("dt-cp: a sequence permutation must hold every position once")
+    pieces = torch.split(permutation, sizes)
+    explicit = tuple(runs(p) for p in pieces)
+    return SequenceLayout(n, len(sizes), "explicit", explicit=explicit)
 
 
 def document_counts(lengths: tuple[int, ...], sizes: list[int]) -> list[list[int]]:

@@ -18,6 +18,13 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from .algorithms import Shards
 from .config import current
 from .layout import SequenceLayout
+from .torch_cp import (
+    active_state,
+    check_even_local_lengths,
+    check_settings_agree,
+    torch_algorithm,
+    torch_layout,
+)
 
 SEQ_DIM = 2
 
@@ -57,7 +64,47 @@ def placements_of(t: DTensor) -> tuple[Placement, ...]:
 
 
 def make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan | str:
-    """A plan for attention over DTensors q, k, v, or why none applies."""
+    """A plan for attention over DTensors q, k, v, or why none applies.
+
+    Raises instead of naming a reason when the exact fallback (replicate) would read a
+    load-balanced sequence in its permuted order, which is not exact.
+    """
+    plan = _make_plan(q, k, v, mask)
+    if isinstance(plan, str):
+        refuse_fallback_if_permuted(plan, q, k, v)
+    return plan
+
+
+def _sequence_sharded(*tensors: object) -> bool:
+    return any(
+        isinstance(t, DTensor)
+        and t.ndim == 4
+        and any(type(p) is Shard and p.dim == SEQ_DIM for p in placements_of(t))
+        for t in tensors
+    )
+
+
+def layout_is_permuted() -> bool:
+    """Whether sequence-sharded DTensors here are in a load-balanced (permuted) order."""
+    settings = current()
+    torch_state = active_state(settings)
+    if torch_state is not None:
+        return torch_state.load_balance
+    return settings.load_balancer != "none"
+
+
+def refuse_fallback_if_permuted(reason: str, *tensors: object) -> None:
+    """The replicate fallback computes in DTensor's order: wrong for a permuted sequence."""
+    if _sequence_sharded(*tensors) and layout_is_permuted():
+        raise ValueError(
+            f"dt-cp: attention cannot run context parallel here ({reason}), and its exact "
+            "fallback (replicate the inputs) would see the load-balanced sequence in its "
+            "permuted order, which is not exact. Shard without load balancing, or fix the "
+            "reason above."
+        )
+
+
+def _make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan | str:
     if not all(isinstance(t, DTensor) for t in (q, k, v)):
         return "q, k and v are not all DTensors"
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
@@ -92,13 +139,28 @@ def make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan | 
         return CpPlan(mesh, pq, None, None, settings.algorithm)
     cp = cp_dims[0]
     parts = mesh.size(cp)
-    shards = Shards(
-        SequenceLayout(q.shape[SEQ_DIM], parts, settings.load_balancer, settings.documents),
-        SequenceLayout(k.shape[SEQ_DIM], parts, settings.load_balancer, settings.documents),
-        mesh.get_group(cp).group_name,
-        mesh.get_local_rank(cp),
-    )
-    return CpPlan(mesh, pq, cp, shards, choose_algorithm(settings.algorithm, q))
+    group = mesh.get_group(cp).group_name
+    torch_state = active_state(settings)  # raises when torch's state hides the layout
+    if torch_state is None:
+        q_layout = SequenceLayout(
+            q.shape[SEQ_DIM], parts, settings.load_balancer, settings.documents
+        )
+        kv_layout = SequenceLayout(
+            k.shape[SEQ_DIM], parts, settings.load_balancer, settings.documents
+        )
+        algorithm = settings.algorithm
+    else:
+        check_settings_agree(torch_state, settings)
+        q_layout = torch_layout(torch_state, q.shape[SEQ_DIM], parts, "query", settings)
+        kv_layout = torch_layout(torch_state, k.shape[SEQ_DIM], parts, "key", settings)
+        from dt_core.compat.attention import is_traced
+
+        if not is_traced(q.to_local()):
+            local = {"query": q.to_local(), "key": k.to_local(), "value": v.to_local()}
+            check_even_local_lengths(local, parts, group)
+        algorithm = torch_algorithm(torch_state, settings)
+    shards = Shards(q_layout, kv_layout, group, mesh.get_local_rank(cp))
+    return CpPlan(mesh, pq, cp, shards, choose_algorithm(algorithm, q))
 
 
 def choose_algorithm(algorithm: str, like: DTensor) -> str:

@@ -21,7 +21,14 @@ from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec
-from .plan import CpPlan, full_mask, make_plan, to_placements, warn_fallback
+from .plan import (
+    CpPlan,
+    full_mask,
+    make_plan,
+    refuse_fallback_if_permuted,
+    to_placements,
+    warn_fallback,
+)
 
 
 @dataclass(frozen=True)
@@ -96,9 +103,11 @@ def _spec(q: DTensor, k: DTensor, causal: bool, mask: object, scale: object) -> 
 def _plan(a: dict[str, object], mask: object) -> CpPlan | str:
     plan = make_plan(a["query"], a["key"], a["value"], mask)
     if isinstance(plan, CpPlan) and a.get("dropout_p"):
-        return "dropout is not supported"
-    if isinstance(plan, CpPlan) and isinstance(mask, torch.Tensor) and mask.requires_grad:
-        return "attn_bias needs a gradient"
+        plan = "dropout is not supported"
+    elif isinstance(plan, CpPlan) and isinstance(mask, torch.Tensor) and mask.requires_grad:
+        plan = "attn_bias needs a gradient"
+    if isinstance(plan, str):
+        refuse_fallback_if_permuted(plan, a["query"], a["key"], a["value"])
     return plan
 
 
@@ -142,6 +151,7 @@ def backward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) 
     plan = _plan(a, mask)
     if isinstance(plan, CpPlan) and info.n_outputs == 4 and a["grad_input_mask"][3]:
         plan = "attn_bias needs a gradient"
+        refuse_fallback_if_permuted(plan, q, k, v)
     if isinstance(plan, str):
         warn_fallback("scaled_dot_product_attention backward", plan)
         return _fallback(op_call, args, kwargs, (q, k, v))

@@ -24,6 +24,26 @@ def _layout(
     return SequenceLayout(length, parts, balancer, docs if balancer == "document" else None)
 
 
+def _check_torch_agrees(layout: SequenceLayout) -> None:
+    """While torch's CP dispatcher is on, attention reads torch's layout: shard alike."""
+    from .torch_cp import TorchLayoutError, torch_cp_state, torch_layout
+
+    if current().torch_cp == "ignore":
+        return
+    state = torch_cp_state()
+    if state is None or not state.dispatcher_enabled:
+        return
+    expected = torch_layout(state, layout.length, layout.parts, "the tensor", current())
+    if not torch.equal(layout.permutation(), expected.permutation()):
+        raise TorchLayoutError(
+            f"dt-cp: torch's context-parallel dispatcher is on with "
+            f"{'head-tail' if state.load_balance else 'no'} load balancing, so attention will "
+            f"read sequence-sharded DTensors in that order, but this shard_sequence call lays "
+            f"them out with load_balancer={layout.balancer!r}; pass the matching "
+            "load_balancer, or shard and attend under dt_cp.settings(torch_cp='ignore')"
+        )
+
+
 def shard_sequence(
     t: torch.Tensor,
     mesh: DeviceMesh,
@@ -41,6 +61,7 @@ def shard_sequence(
     """
     seq_dim = seq_dim % t.dim()
     layout = _layout(t.shape[seq_dim], mesh.size(mesh_dim), load_balancer, documents)
+    _check_torch_agrees(layout)
     if layout.balancer != "none":
         t = t.index_select(seq_dim, layout.permutation(t.device))
     placements = [Replicate()] * mesh.ndim

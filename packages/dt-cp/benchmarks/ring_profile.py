@@ -1,0 +1,137 @@
+"""Where the ring's time goes: ring variants vs all-gather vs one process, same run.
+
+`python packages/dt-cp/benchmarks/ring_profile.py [S] [rounds]` (default 16384, 3): causal
+SDPA fwd+bwd, head-tail balanced, 2 ranks x 1 thread, rounds alternating
+  ring          (balanced chunk order, 2 chunks in flight: the default)
+  ring-depth1   (balanced order, 1 chunk in flight)
+  ring-natural1 (natural chunk order, 1 chunk in flight: the previous ring)
+  allgather
+and one process with 2 threads (the other rank idle in a barrier). Per rank it reports the
+forward time, the time spent waiting on ring exchanges (fwd+bwd) and in log-sum-exp merges.
+Ratios are within a round; the host is shared, so report `uptime` with them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+HEADS, DIM = 2, 128
+
+
+def _rank_main(rank: int, port: int, seq: int, rounds: int, queue: Any) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    import dt_cp
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from dt_cp import algorithms, blocks, comm
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    balanced = algorithms._chunk_order
+
+    def natural(shards, receiver, source, causal):
+        return tuple(range(algorithms._chunk_count(shards.kv_layout.sizes())))
+
+    timers = {"wait": 0.0, "merge": 0.0}
+    wait, merge = comm.RingStep.wait, blocks.Accumulator.merge
+
+    def timed_wait(self):
+        start = time.perf_counter()
+        result = wait(self)
+        timers["wait"] += time.perf_counter() - start
+        return result
+
+    def timed_merge(self, *args):
+        start = time.perf_counter()
+        merge(self, *args)
+        timers["merge"] += time.perf_counter() - start
+
+    comm.RingStep.wait, blocks.Accumulator.merge = timed_wait, timed_merge
+    gen = torch.Generator().manual_seed(0)
+    full = [torch.randn(1, HEADS, seq, DIM, generator=gen) for _ in range(3)]
+    with dt_cp.settings(load_balancer="head_tail"):
+        qkv = [dt_cp.shard_sequence(t, mesh, 2).requires_grad_() for t in full]
+    variants = (
+        ("ring", "ring", balanced, 2),
+        ("ring-depth1", "ring", balanced, 1),
+        ("ring-natural1", "ring", natural, 1),
+        ("allgather", "allgather", balanced, 2),
+    )
+    results: dict[str, list] = {}
+
+    def step(name: str, algorithm: str, order: Any, depth: int) -> None:
+        algorithms._chunk_order, algorithms.RING_PREFETCH_CHUNKS = order, depth
+        with dt_cp.settings(algorithm=algorithm, load_balancer="head_tail"):
+            for t in qkv:
+                t.grad = None
+            dist.barrier()
+            timers["wait"] = timers["merge"] = 0.0
+            start = time.perf_counter()
+            out = F.scaled_dot_product_attention(*qkv, is_causal=True)
+            forward = time.perf_counter() - start
+            out.sum().backward()
+            total = time.perf_counter() - start
+        results.setdefault(name, []).append((total, forward, timers["wait"], timers["merge"]))
+
+    step("warm-up", "ring", balanced, 2)
+    step("warm-up", "allgather", balanced, 2)
+    for _ in range(rounds):
+        for variant in variants:
+            step(*variant)
+        dist.barrier()
+        if rank == 0:
+            torch.set_num_threads(2)
+            leaves = [t.clone().requires_grad_() for t in full]
+            start = time.perf_counter()
+            F.scaled_dot_product_attention(*leaves, is_causal=True).sum().backward()
+            results.setdefault("single", []).append((time.perf_counter() - start, 0, 0, 0))
+            torch.set_num_threads(1)
+        dist.barrier()
+    algorithms._chunk_order = balanced
+    queue.put((rank, results))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    seq = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, seq, rounds, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=3600) for _ in procs)
+    for p in procs:
+        p.join()
+    print(f"load average before/after: {os.getloadavg()}")
+    single = results[0]["single"]
+    for name in ("ring", "ring-depth1", "ring-natural1", "allgather"):
+        for i, one in enumerate(single):
+            rows = [results[r][name][i] for r in (0, 1)]
+            total = max(row[0] for row in rows)
+            gather = max(results[r]["allgather"][i][0] for r in (0, 1))
+            parts = "  ".join(
+                f"r{r}: fwd {row[1]:.2f} wait {row[2]:.2f} merge {row[3]:.2f}"
+                for r, row in enumerate(rows)
+            )
+            print(
+                f"round {i} {name:13s} {total:6.2f} s  /one process {total / one[0]:.2f}  "
+                f"/all-gather {total / gather:.2f}  {parts}"
+            )
+    print("one process, 2 threads:", [round(x[0], 2) for x in single])
+
+
+if __name__ == "__main__":
+    main()
