@@ -7,7 +7,7 @@ before sharding them and records the permutation only in module globals of
 DTensor made there looks like any other. A DTensor handler that must know which global
 positions a rank holds reads that state here, and only here.
 
-Checked against torch 2.13.0 (the range `dt_core.compat.TESTED_TORCH_RANGE` enforces):
+Checked against torch 2.13.x (`CHECKED_WITH_TORCH`, passed to the shared version check):
   - `_cp_options.enable_load_balance` (bool): `context_parallel()` sets it to whether it
     balanced (head-tail, only when S % (2·P) == 0) for the duration of its block and
     restores it after; `_context_parallel_shard(load_balancer=...)` sets it to whether a
@@ -33,7 +33,7 @@ from typing import Any
 
 from . import ensure_supported_torch
 
-CHECKED_TORCH_VERSIONS = ("2.13.0",)
+CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
 _ATTENTION_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
 _BALANCER_MODULE = "torch.distributed.tensor.experimental._context_parallel._load_balancer"
 
@@ -53,7 +53,7 @@ def torch_cp_state() -> TorchCpState | None:
     attention = sys.modules.get(_ATTENTION_MODULE)
     if attention is None:
         return None
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch
     from torch.distributed.tensor import DTensor
 
@@ -77,7 +77,7 @@ def default_balancer_indices(length: int, parts: int) -> Any:
     default balancer cannot split `length` over `parts` ranks (S % (2·P) != 0), in which
     case `context_parallel()` does not balance.
     """
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     if parts < 1 or length % (2 * parts):
         return None
     import importlib
@@ -89,7 +89,7 @@ def default_balancer_indices(length: int, parts: int) -> Any:
 
 def balancer_indices(load_balancer: Any) -> Any:
     """The (B, S) permutation a torch `_LoadBalancer` applies before `Shard`."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     return load_balancer._generate_indices(restore=False)
 
 
