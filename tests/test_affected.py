@@ -88,3 +88,15 @@ def test_all_lists_every_cell() -> None:
         text=True,
     )
     assert json.loads(result.stdout) == EVERYTHING
+
+
+def test_cells_match_the_hatch_test_matrix() -> None:
+    """The workflow's cells are hatch environments: test.<cell> for all but lint."""
+    import tomllib
+
+    affected = load_affected()
+    matrix = tomllib.loads((ROOT / "hatch.toml").read_text())["envs"]["test"]["matrix"]
+    assert sorted([*matrix[0]["package"], "lint"]) == sorted(affected.all_cells())
+    workflow = (ROOT / ".github/workflows/ci.yml").read_text()
+    assert "hatch run test.${{ matrix.cell }}:run" in workflow
+    assert "hatch run lint:check" in workflow
