@@ -6,7 +6,9 @@ Why: the test matrix installs what users install, the wheels, never the source t
 package is rebuilt only when a file under its folder is newer than its wheel (builds are
 reproducible, so a rebuild of unchanged sources gives the same bytes). The older files of
 a rebuilt package are removed from the output folder first, so exactly one sdist and one
-wheel per package lie there. Needs `hatch` on PATH (the README's one tool).
+wheel per package lie there. Test-only distributions (named by path, like dt-core's
+sample plugin) go to dist/test-only/, away from what a release uploads. Needs `hatch`
+on PATH (the README's one tool).
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ def expand(names: list[str]) -> list[str]:
             p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists()
         )
     return list(dict.fromkeys(names))
+
+
+def default_out(path: Path) -> Path:
+    """dist/ for the packages of packages/; dist/test-only/ for test-only distributions
+    (named by path), so they never lie among the files a release uploads."""
+    return DIST if path.resolve().parent == ROOT / "packages" else DIST / "test-only"
 
 
 def project_name(path: Path) -> str:
@@ -101,7 +109,7 @@ def build(path: Path, out: Path = DIST) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="+", help="`all`, package names or paths")
-    parser.add_argument("--out", type=Path, default=DIST)
+    parser.add_argument("--out", type=Path, help="output folder (default: dist/)")
     parser.add_argument("--force", action="store_true", help="rebuild even if current")
     args = parser.parse_args(argv)
     paths = [package_path(name) for name in expand(args.names)]
@@ -109,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"build_dists: no package at {', '.join(missing)}", file=sys.stderr)
         return 2
-    out = args.out.resolve()
     for path in paths:
+        out = args.out.resolve() if args.out else default_out(path)
         if not args.force and is_current(path, out):
             continue
         start = time.perf_counter()

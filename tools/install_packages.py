@@ -105,11 +105,12 @@ def source_tree_imports(paths: list[Path]) -> list[str]:
 
 
 def install_wheels(paths: list[Path]) -> int:
-    for path in paths:
-        if not build_dists.is_current(path):
-            build_dists.build(path)
+    outs = {path: build_dists.default_out(path) for path in paths}
+    for path, out in outs.items():
+        if not build_dists.is_current(path, out):
+            build_dists.build(path, out)
             print(f"install_packages: built {path.name}", flush=True)
-    wheels = {project(path)["name"]: build_dists.wheel_of(path) for path in paths}
+    wheels = {project(path)["name"]: build_dists.wheel_of(path, out) for path, out in outs.items()}
     keep = {n for n, wheel in wheels.items() if wheel and is_installed_wheel(n, wheel)}
     remove = sorted(ours_installed() - keep)
     if remove:
