@@ -97,3 +97,34 @@ def test_wheel_metadata_carries_the_readme(built: Path) -> None:
         readme = (ROOT / "packages" / name / "README.md").read_text().strip()
         assert readme.splitlines()[0] in metadata.decode()
         assert "Description-Content-Type: text/markdown" in metadata.decode()
+
+
+def test_installer_refuses_a_source_tree_on_the_path() -> None:
+    """The wheel cells' guard: a package importable from packages/ (here through
+    PYTHONPATH) is reported, the installed one is not."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; sys.path.insert(0, 'tools'); import install_packages as i; "
+        "print(i.source_tree_imports([i.package_path('dt-conv')]))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "packages/dt-conv/src"))
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert found.returncode == 0, found.stderr
+    assert "dt_conv -> " + str(ROOT / "packages/dt-conv/src/dt_conv/__init__.py") in found.stdout
+    env.pop("PYTHONPATH")
+    clean = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert clean.returncode == 0, clean.stderr
+    # Installed editable (dev) the package also resolves into packages/; from wheels not.
+    from importlib import metadata
+
+    editable = '"editable": true' in (
+        metadata.distribution("dt-conv").read_text("direct_url.json") or ""
+    )
+    assert (clean.stdout.strip() != "[]") == editable, clean.stdout
