@@ -1,14 +1,25 @@
-"""Install monorepo packages (editable) into the current environment, torch pinned.
+"""Install monorepo packages into the current environment, torch pinned.
+
+    python tools/install_packages.py [--wheels] [all | NAME | PATH ...]
 
 Hatch scripts call this before running anything: `python tools/install_packages.py
-dt-core dt-conv` installs exactly those packages, so each environment proves that a
-plugin installs and works with dt-core alone. Test-only distributions are named by path.
-A package already installed editable from the same folder, with its pyproject.toml
+--wheels dt-core dt-conv` installs exactly those packages, so each environment proves that
+a plugin installs and works with dt-core alone. Test-only distributions are named by path.
+
+`--wheels` (the test matrix) installs what users install: each package's wheel from dist/
+(built first by tools/build_dists.py when its sources are newer), never the source tree.
+Our other distributions in the environment are uninstalled, a wheel already installed
+with the same hash is kept, and afterwards every package must import from site-packages,
+not from packages/. Without `--wheels` (dev, demo, bench) the packages are installed
+editable; one already installed editable from the same folder, with its pyproject.toml
 unchanged since, is skipped, so the call costs nothing on the second run.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -17,40 +28,36 @@ from pathlib import Path
 
 import tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build_dists  # noqa: E402  (a sibling script, not an installed module)
+
+ROOT = build_dists.ROOT
 CONSTRAINTS = ROOT / "tools" / "constraints.txt"
+package_path, expand = build_dists.package_path, build_dists.expand
 
 
-def package_path(name: str) -> Path:
-    """`dt-core` -> packages/dt-core; `all` is expanded by the caller; paths pass through."""
-    candidate = ROOT / "packages" / name
-    return candidate if candidate.is_dir() else (ROOT / name)
+def project(path: Path) -> dict:
+    return tomllib.loads((path / "pyproject.toml").read_text())["project"]
 
 
-def expand(names: list[str]) -> list[str]:
-    if "all" in names:
-        names = [n for n in names if n != "all"]
-        names += sorted(
-            p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists()
-        )
-    return list(dict.fromkeys(names))
-
-
-def is_current(path: Path) -> bool:
-    """Installed editable from `path`, and installed after its pyproject last changed."""
-    name = tomllib.loads((path / "pyproject.toml").read_text())["project"]["name"]
+def direct_url(name: str) -> dict | None:
+    """pip's record of where the installed distribution `name` came from (or None)."""
     try:
-        dist = metadata.distribution(name)
+        text = metadata.distribution(name).read_text("direct_url.json")
     except metadata.PackageNotFoundError:
-        return False
-    direct_url = dist.read_text("direct_url.json")
-    if not direct_url:
-        return False
-    info = json.loads(direct_url)
-    if not info.get("dir_info", {}).get("editable"):
+        return None
+    return json.loads(text) if text else None
+
+
+def is_current_editable(path: Path) -> bool:
+    """Installed editable from `path`, and installed after its pyproject last changed."""
+    name = project(path)["name"]
+    info = direct_url(name)
+    if not info or not info.get("dir_info", {}).get("editable"):
         return False
     if info.get("url") != path.resolve().as_uri():
         return False
+    dist = metadata.distribution(name)
     record = next((f for f in dist.files or () if f.name == "RECORD"), None)
     if record is None:
         return False
@@ -58,20 +65,91 @@ def is_current(path: Path) -> bool:
     return installed_at >= (path / "pyproject.toml").stat().st_mtime
 
 
+def is_installed_wheel(name: str, wheel: Path) -> bool:
+    """`name` is installed from a wheel with exactly the bytes of `wheel`."""
+    info = direct_url(name)
+    recorded = (info or {}).get("archive_info", {}).get("hashes", {}).get("sha256")
+    return recorded == hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+def ours_installed() -> set[str]:
+    """Our distributions (any package folder, plus the test-only ones) installed here."""
+    ours = {project(p)["name"] for p in map(package_path, expand(["all"]))}
+    ours.add("dt-sample-plugin")
+    present = set()
+    for name in ours:
+        try:
+            metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        present.add(name)
+    return present
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", *args], check=True)
+
+
+def source_tree_imports(paths: list[Path]) -> list[str]:
+    """Top-level modules of `paths` that this interpreter would import from the repo."""
+    bad = []
+    for path in paths:
+        for module in sorted((path / "src").iterdir()):
+            if not (module / "__init__.py").exists():
+                continue
+            spec = importlib.util.find_spec(module.name)
+            origin = Path(spec.origin).resolve() if spec and spec.origin else None
+            if origin is None or (ROOT / "packages") in origin.parents:
+                bad.append(f"{module.name} -> {origin}")
+    return bad
+
+
+def install_wheels(paths: list[Path]) -> int:
+    outs = {path: build_dists.default_out(path) for path in paths}
+    for path, out in outs.items():
+        if not build_dists.is_current(path, out):
+            build_dists.build(path, out)
+            print(f"install_packages: built {path.name}", flush=True)
+    wheels = {project(path)["name"]: build_dists.wheel_of(path, out) for path, out in outs.items()}
+    keep = {n for n, wheel in wheels.items() if wheel and is_installed_wheel(n, wheel)}
+    remove = sorted(ours_installed() - keep)
+    if remove:
+        pip("uninstall", "-q", "-y", *remove)
+    todo = [str(wheel) for name, wheel in wheels.items() if name not in keep]
+    if todo:
+        print("install_packages: wheels", " ".join(Path(w).name for w in todo), flush=True)
+        pip("install", "-q", "-c", str(CONSTRAINTS), *todo)
+    importlib.invalidate_caches()
+    bad = source_tree_imports(paths)
+    if bad:
+        print("install_packages: imported from the source tree: " + ", ".join(bad))
+        return 1
+    return 0
+
+
+def install_editable(paths: list[Path]) -> int:
+    paths = [path for path in paths if not is_current_editable(path)]
+    if not paths:
+        return 0
+    command = ["install", "-q", "-c", str(CONSTRAINTS)]
+    for path in paths:
+        command += ["-e", str(path)]
+    print("install_packages: editable", " ".join(p.name for p in paths), flush=True)
+    pip(*command)
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    paths = [package_path(name) for name in expand(argv)]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="+", help="`all`, package names or paths")
+    parser.add_argument("--wheels", action="store_true", help="install built wheels")
+    args = parser.parse_args(argv)
+    paths = [package_path(name) for name in expand(args.names)]
     missing = [str(p) for p in paths if not (p / "pyproject.toml").exists()]
     if missing:
         print(f"install_packages: no package at {', '.join(missing)}", file=sys.stderr)
         return 2
-    paths = [path for path in paths if not is_current(path)]
-    if not paths:
-        return 0
-    command = [sys.executable, "-m", "pip", "install", "-q", "-c", str(CONSTRAINTS)]
-    for path in paths:
-        command += ["-e", str(path)]
-    print("install_packages:", " ".join(p.name for p in paths), flush=True)
-    return subprocess.call(command)
+    return install_wheels(paths) if args.wheels else install_editable(paths)
 
 
 if __name__ == "__main__":

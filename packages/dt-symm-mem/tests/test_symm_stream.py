@@ -1,14 +1,13 @@
-"""Large all-gathers stream through a small ring of chunk slots; output writes bypass the
-cache (`ntcopy`). Both are checked byte for byte against gloo and against plain slicing."""
+"""Large all-gathers stream through a small ring of chunk slots, checked byte for byte
+against gloo."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 DTYPES = (torch.float32, torch.float16, torch.int64, torch.uint8)
@@ -64,8 +63,16 @@ def run_property() -> None:
         streamed(*args)
 
     @settings(
-        max_examples=40, derandomize=True, deadline=None, database=None, phases=[Phase.generate]
+        max_examples=40,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
     )  # no shrinking: every rank must run the same cases
+    # The longest messages (the ring wraps many times) are always run: 40 generated cases
+    # need not reach them (the whole-folder run of the wheel cell drew none above 66 KB).
+    @example(chunk=12304, slots=1, chunks=10, extra=12304, dtype=torch.uint8, seed=3)
+    @example(chunk=4096, slots=2, chunks=10, extra=100, dtype=torch.float16, seed=4)
     @given(
         chunk=st.sampled_from([4096, 8192, 12304]),  # 12304: not a multiple of 64
         slots=st.integers(1, 3),
@@ -121,46 +128,3 @@ def test_streamed_all_gather_default_sizes_keep_the_workspace_small() -> None:
         algorithms.all_gather_into(group, x, out)
         assert torch.equal(out, gloo_all_gather(x)), (numel, dtype)
         assert get_workspace(group, 0).buffer_bytes == max(ring, 1 << 20)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    nbytes=st.integers(0, 20000),
-    src_offset=st.integers(0, 63),
-    dst_offset=st.integers(0, 63),
-)
-def test_nt_copy_copies_exactly_the_range(nbytes: int, src_offset: int, dst_offset: int) -> None:
-    from dt_symm_mem import ntcopy
-
-    source = torch.randint(0, 256, (nbytes + 64,), dtype=torch.uint8)
-    target = torch.zeros(nbytes + 128, dtype=torch.uint8)
-    ntcopy.copy(target.data_ptr() + dst_offset, source.data_ptr() + src_offset, nbytes)
-    assert torch.equal(target[dst_offset : dst_offset + nbytes], source[src_offset:][:nbytes])
-    assert not target[:dst_offset].any() and not target[dst_offset + nbytes :].any()
-
-
-def test_nt_copy_is_available_here_and_can_be_turned_off(monkeypatch: Any) -> None:
-    import platform
-    import sys
-
-    from dt_symm_mem import ntcopy
-
-    ntcopy.reset()
-    if sys.platform == "linux" and platform.machine() == "x86_64":
-        # This project's hosts and CI: the fast path must really be taken.
-        assert ntcopy.available(), ntcopy.unavailable_reason
-    else:
-        assert not ntcopy.available() and ntcopy.unavailable_reason
-    monkeypatch.setenv(ntcopy.DISABLE_ENV, "0")
-    ntcopy.reset()
-    try:
-        assert not ntcopy.available()
-        assert ntcopy.DISABLE_ENV in (ntcopy.unavailable_reason or "")
-        source = torch.arange(10000, dtype=torch.int32)
-        target = torch.zeros_like(source)
-        ntcopy.copy(target.data_ptr(), source.data_ptr(), 40000)
-        assert torch.equal(target, source)
-    finally:
-        monkeypatch.delenv(ntcopy.DISABLE_ENV)
-        ntcopy.reset()
-    assert os.environ.get(ntcopy.DISABLE_ENV) is None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from .config import ALGORITHMS, LOAD_BALANCERS, Settings, configure, current, reset, settings
 
+__version__ = "0.1.0"
+
 
 def __getattr__(name: str) -> object:
     # Heavy (torch.distributed.tensor) parts load on first use, keeping `import dt_cp` light.

@@ -13,6 +13,8 @@ from typing import Any
 
 from dt_core.compat.symm_mem import ensure_symm_mem_ops_defined
 
+__version__ = "0.1.0"
+
 ensure_symm_mem_ops_defined()  # `import dt_symm_mem` makes torch.ops.symm_mem.* exist
 
 # The public names load on first use: dt-core imports `dt_symm_mem.plugin` (and so this

@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from dt_symm_mem import ntcopy
 from dt_symm_mem.workspace import ShmSymmMemory, get_workspace
 
 ALIGN = 64
@@ -106,8 +105,7 @@ def _streamed_all_gather(handle: ShmSymmMemory, src: int, out: int, nbytes: int)
     memcpys of the output. Chunks small enough to stay in cache cut that to the output
     writes and one read of `src`: each chunk is copied into the ring and straight on into
     this rank's own rows while it is hot, and peers copy it out while it is still in the
-    shared cache. The output is written with non-temporal stores (`ntcopy`), which do not
-    read it first. A slot is reused once every peer has counted the chunk in it as
+    shared cache. A slot is reused once every peer has counted the chunk in it as
     consumed; a rank waiting for that keeps pulling whatever peers have published, so
     no rank can wait on one that is itself waiting.
     """
@@ -117,7 +115,6 @@ def _streamed_all_gather(handle: ShmSymmMemory, src: int, out: int, nbytes: int)
     key = seq << 32
     flags = handle.flags
     memmove = ctypes.memmove
-    copy_out = ntcopy.copy
     n = -(-nbytes // chunk)
     peers = [(rank + step) % world for step in range(1, world)]
     ring = handle.slot_address(rank, slot)
@@ -146,7 +143,7 @@ def _streamed_all_gather(handle: ShmSymmMemory, src: int, out: int, nbytes: int)
             memmove(ring + (put % slots) * chunk, src + offset, size)
             put += 1
             flags[my_progress] = key + put
-            copy_out(own + offset, src + offset, size)
+            memmove(own + offset, src + offset, size)
             moved = True
         for i in range(len(peers)):
             done = pulled[i]
@@ -156,7 +153,7 @@ def _streamed_all_gather(handle: ShmSymmMemory, src: int, out: int, nbytes: int)
             while done < available:
                 offset = done * chunk
                 size = min(chunk, nbytes - offset)
-                copy_out(dests[i] + offset, their_rings[i] + (done % slots) * chunk, size)
+                memmove(dests[i] + offset, their_rings[i] + (done % slots) * chunk, size)
                 done += 1
                 flags[read_by_me[i]] = key + done
             pulled[i] = done
