@@ -9,7 +9,7 @@ provides; a plugin states the range it was written for as `DT_API` in its module
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .activation import (  # noqa: E402
     activate,
