@@ -89,8 +89,11 @@ def test_document_balancer_evens_document_causal_work(parts) -> None:
 )
 @settings(max_examples=15, deadline=None)
 def test_document_balance_holds_for_random_documents(lengths, parts) -> None:
-    # Not exactly 1: Shard's unequal local sizes and rounding inside short documents.
-    assert work_ratio(tuple(lengths), parts, "document", per_row=True) < 1.08
+    # Not exactly 1: each rank's share of a document is rounded to whole rows (head and
+    # tail piece), which shifts its work by up to about two rows in a share of
+    # min(lengths) / parts rows (worst seen over the domain: 1.55 rows, lengths=[68], P=4).
+    bound = 1 + 2 * parts / min(lengths)
+    assert work_ratio(tuple(lengths), parts, "document", per_row=True) < bound
 
 
 def test_document_balancer_needs_matching_lengths() -> None:
