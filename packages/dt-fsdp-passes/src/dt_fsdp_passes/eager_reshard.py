@@ -18,18 +18,19 @@ from typing import Any
 import torch
 from torch import nn
 
-# storage address of a gathered tensor -> (weakref to it, shard parameter, mp policy)
-_live: dict[int, tuple[weakref.ref, Any, Any]] = {}
+# storage address of a gathered tensor -> (weakref to it, shard parameter, layout, mp policy)
+_live: dict[int, tuple[weakref.ref, Any, Any, Any]] = {}
 
 
 class _Regather:
     """What a saved gathered weight (or a view of it) is packed into: enough to gather it
     again and take the same view."""
 
-    __slots__ = ("mp", "offset", "param", "size", "stride")
+    __slots__ = ("layout", "mp", "offset", "param", "size", "stride")
 
-    def __init__(self, param: Any, mp: Any, tensor: torch.Tensor) -> None:
+    def __init__(self, param: Any, layout: Any, mp: Any, tensor: torch.Tensor) -> None:
         self.param = param
+        self.layout = layout
         self.mp = mp
         self.size = tuple(tensor.size())
         self.stride = tuple(tensor.stride())
@@ -40,8 +41,14 @@ def _address(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
 
-def remember(gathered: torch.Tensor, param: Any, mp: Any) -> None:
-    """Mark `gathered` as the full copy of `param` (eager forward only)."""
+def remember(gathered: torch.Tensor, param: Any, layout: Any, mp: Any) -> None:
+    """Mark `gathered` as the full copy of `param` (eager forward only).
+
+    Only plain gathered tensors: a DTensor result (a parameter with its own TP/spatial
+    placements) is saved by DTensor's autograd as a DTensor and is kept as it is.
+    """
+    if type(gathered) is not torch.Tensor:
+        return
     key = _address(gathered)
     if key == 0:  # empty tensors share no storage: nothing to save anyway
         return
@@ -50,7 +57,7 @@ def remember(gathered: torch.Tensor, param: Any, mp: Any) -> None:
         if key in _live and _live[key][0] is ref:
             del _live[key]
 
-    _live[key] = (weakref.ref(gathered, forget), param, mp)
+    _live[key] = (weakref.ref(gathered, forget), param, layout, mp)
 
 
 def _pack(tensor: torch.Tensor) -> Any:
@@ -61,21 +68,16 @@ def _pack(tensor: torch.Tensor) -> Any:
     entry = _live.get(_address(tensor))
     gathered = entry[0]() if entry is not None else None
     if gathered is not None and gathered.dtype == tensor.dtype:
-        return _Regather(entry[1], entry[2], tensor)
+        return _Regather(entry[1], entry[2], entry[3], tensor)
     return tensor
 
 
 def _unpack(packed: Any) -> torch.Tensor:
     if isinstance(packed, _Regather):
-        from torch.distributed.tensor import Replicate
+        from dt_fsdp_passes.layout import gather
 
         with torch.no_grad():
-            param = packed.param.detach()
-            full = param.redistribute(
-                placements=[Replicate()] * param.device_mesh.ndim,
-                forward_dtype=packed.mp.param_dtype,
-            )
-            local = full.to_local()
+            local = gather(packed.param.detach(), packed.layout, packed.mp)
             return local.as_strided(packed.size, packed.stride, packed.offset)
     return packed
 
