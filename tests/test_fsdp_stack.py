@@ -319,3 +319,184 @@ def test_bad_meshes_and_parameters_name_the_problem() -> None:
     cube = cpu_mesh((1, 2, 2), ("x", "y", "z"))
     msg = error_of(lambda: simple_fsdp(nn.Linear(2, 2), cube))
     assert "3-D mesh" in msg and "HSDP" in msg, msg
+
+
+# --- compiled: every pass in the same graph --------------------------------------------
+
+
+def _code_counts(code: str) -> dict[str, int]:
+    import re
+
+    names = (
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "all_reduce_",
+        "fused_all_gather_matmul",
+        "fused_matmul_reduce_scatter",
+    )
+    calls = [line.strip() for line in code.splitlines()]
+    return {
+        name: sum(
+            bool(re.match(r"(\w+ = )?torch\.ops\.(_c10d_functional|symm_mem)\." + name + r"\.", c))
+            for c in calls
+        )
+        for name in names
+    }
+
+
+def _compiled_counts(run, x) -> list[dict[str, int]]:
+    """Run one fwd + bwd through Inductor and count collectives per generated module."""
+    from dt_core.compat.fsdp import run_and_get_code
+
+    def fwd_bwd() -> None:
+        out = run(x)
+        (out.to_local() if hasattr(out, "to_local") else out).float().sum().backward()
+
+    _, codes = run_and_get_code(fwd_bwd)
+    return [_code_counts(code) for code in codes]
+
+
+def _sp_mlp(width: int = 8, hidden: int = 16):
+    """Four bias-free linears (torchtitan style), sequence-parallel TP plan."""
+    import torch
+    from torch import nn
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(width, hidden, bias=False)
+            self.fc2 = nn.Linear(hidden, width, bias=False)
+            self.fc3 = nn.Linear(width, hidden, bias=False)
+            self.fc4 = nn.Linear(hidden, width, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.fc2(torch.relu(self.fc1(x)))
+            return self.fc4(torch.relu(self.fc3(h)))
+
+    return MLP()
+
+
+def _compiled_fsdp_tp(backend: str) -> dict:
+    import torch
+    import torch.distributed as dist
+    from dt_core.compat.fsdp import compile_caches
+    from dt_core.testing import cpu_mesh
+    from dt_fsdp_passes import simple_fsdp
+    from dt_fsdp_passes.passes import clear_pass_log, pass_log
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    _setup()
+    torch._dynamo.reset()
+    clear_pass_log()
+    mesh = cpu_mesh((2, 2), ("dp", "tp"))
+    reference = _sp_mlp()
+    model = _clone(reference)
+    colwise = ColwiseParallel(input_layouts=Shard(0))
+    rowwise = RowwiseParallel(output_layouts=Shard(0))
+    last = RowwiseParallel(output_layouts=Shard(0), use_local_output=False)
+    plan = {"fc1": colwise, "fc2": rowwise, "fc3": colwise, "fc4": last}
+    parallelize_module(model, mesh["tp"], plan)
+    simple_fsdp(model, mesh["dp"])
+    run = torch.compile(model, backend=backend, fullgraph=True)
+    rank = dist.get_rank()  # dp-major: each rank its own quarter of the tokens
+
+    def sharded_step(m, batch):
+        x, y = (t.chunk(4)[rank] for t in batch)
+        target = DTensor.from_local(y, mesh["tp"], [Shard(0)])
+        # A DTensor loss: the mean over the dp rank's tokens, all TP ranks together.
+        return ((run(x) - target) ** 2).mean().full_tensor()
+
+    with compile_caches(False):
+        counts = _compiled_counts(run, torch.randn(4, 8)) if backend == "inductor" else []
+        errors = _train(
+            reference,
+            model,
+            _mse_step(lambda t: t),
+            sharded_step,
+            _batches((16, 8)),
+            loss_mesh=mesh["dp"],
+        )
+    return {
+        "errors": errors,
+        "counts": counts,
+        "log": [r for r in pass_log() if r["pass"] == "bucket"],
+    }
+
+
+@pytest.mark.ranks(4, timeout=600)
+def test_compiled_fsdp_x_tp_buckets_fsdp_and_fuses_tp_in_one_graph() -> None:
+    result = _compiled_fsdp_tp("inductor")
+    assert result["errors"][0] < TOL and result["errors"][1] < TOL, result["errors"]
+    forward, backward = result["counts"][:2]
+    # Forward: the four FSDP weight gathers are one bucket; the two sequence-parallel
+    # gathers and two reduce-scatters of the TP linears are fused with their matmuls.
+    assert forward == {
+        "all_gather_into_tensor": 1,
+        "reduce_scatter_tensor": 0,
+        "all_reduce_": 0,
+        "fused_all_gather_matmul": 2,
+        "fused_matmul_reduce_scatter": 2,
+    }, forward
+    # Backward: re-gathers (reshard after forward) in one bucket, the four gradient
+    # reduce-scatters in one bucket; TP: two gathers of output gradients fused with their
+    # matmuls, one input-gradient reduce-scatter fused (fc1's input needs no gradient).
+    assert backward == {
+        "all_gather_into_tensor": 1,
+        "reduce_scatter_tensor": 1,
+        "all_reduce_": 0,
+        "fused_all_gather_matmul": 2,
+        "fused_matmul_reduce_scatter": 1,
+    }, backward
+    log = result["log"]
+    assert [r["all_gather_before"] for r in log[:2]] == [4, 3], log
+    assert log[1]["reduce_scatter_before"] == 4 and log[1]["reduce_scatter_after"] == 1, log
+
+
+@pytest.mark.ranks(4, timeout=600)
+def test_compiled_fsdp_x_tp_aot_eager_and_hsdp_aot_eager_match() -> None:
+    result = _compiled_fsdp_tp("aot_eager")
+    assert result["errors"][0] < TOL and result["errors"][1] < TOL, result["errors"]
+    (loss_err, param_err), _ = _hsdp("aot_eager")
+    assert loss_err < TOL and param_err < TOL, (loss_err, param_err)
+
+
+@pytest.mark.ranks(4, timeout=600)
+def test_compiled_hsdp_buckets_reduce_scatters_and_replicate_all_reduces() -> None:
+    import torch
+    import torch.distributed as dist
+    from dt_core.compat.fsdp import compile_caches
+    from dt_core.testing import cpu_mesh
+    from dt_fsdp_passes import simple_fsdp
+
+    _setup()
+    torch._dynamo.reset()
+    mesh = cpu_mesh((2, 2), ("rep", "shard"))
+    run = torch.compile(simple_fsdp(_sp_mlp(), mesh), fullgraph=True)
+    with compile_caches(False):
+        forward, backward = _compiled_counts(run, torch.randn(4, 8))[:2]
+    assert forward["all_gather_into_tensor"] == 1, forward
+    # Gradients: one reduce-scatter over "shard", then one all-reduce over "rep" at shard
+    # size (FSDP2's order), instead of four of each.
+    assert backward["reduce_scatter_tensor"] == 1 and backward["all_reduce_"] == 1, backward
+    (loss_err, param_err), _ = _hsdp("inductor")
+    assert loss_err < TOL and param_err < TOL, (loss_err, param_err)
+    assert dist.get_world_size() == 4
+
+
+def test_pass_order_buckets_before_collective_matmul_fusion_before_overlap() -> None:
+    """Order-sensitive pairs: (bucket, fuse) — fusing first would take FSDP's gradient
+    reduce-scatters (mm -> reduce_scatter on the FSDP group) one by one, leaving nothing to
+    bucket; (fuse, overlap) — overlap pins the final order with control dependencies."""
+    pytest.importorskip("dt_symm_mem")
+    from dt_fsdp_passes.plugin import dt_graph_passes as fsdp_passes
+    from dt_symm_mem.plugin import dt_graph_passes as symm_mem_passes
+
+    fsdp = {p.name: p for p in fsdp_passes()}
+    (fuse,) = symm_mem_passes()
+    assert fsdp["bucket"].stage == fuse.stage == fsdp["overlap"].stage
+    assert fsdp["bucket"].order < fuse.order < fsdp["overlap"].order

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dt_fsdp_passes.groups import register as register_groups
 from dt_fsdp_passes.layout import ParamLayout, check_fsdp_mesh, gather, shard_parameter
 
 _SUBCLASS_CACHE: dict[tuple[type, tuple[str, ...]], type] = {}
@@ -151,6 +152,7 @@ def simple_fsdp(
     """
     check_fsdp_mesh(mesh)
     spec = _GatherSpec(mp_policy or MixedPrecision(), bool(reshard_after_forward))
+    own_meshes = []
     for submodule in list(module.modules()):
         names = tuple(name for name, p in submodule._parameters.items() if p is not None)
         if not names:
@@ -161,9 +163,12 @@ def simple_fsdp(
         for name in names:
             stored, layouts[name] = shard_parameter(name, submodule._parameters[name], mesh)
             submodule._parameters[name] = stored
+            if layouts[name].own_mesh is not None:
+                own_meshes.append(layouts[name].own_mesh)
         submodule.__class__ = _sharded_subclass(type(submodule), names)
         object.__setattr__(submodule, "_dt_fsdp_layouts", layouts)
         object.__setattr__(submodule, "_dt_fsdp_spec", spec)
+    register_groups(mesh, own_meshes)
     if spec.reshard_after_forward:
         from dt_fsdp_passes.eager_reshard import wrap_forward
 

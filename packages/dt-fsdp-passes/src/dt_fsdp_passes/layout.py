@@ -22,11 +22,17 @@ from torch import nn
 @dataclass(frozen=True)
 class ParamLayout:
     """How one stored parameter is gathered: over `fsdp_ndim` leading mesh dims, leaving a
-    DTensor on `own_mesh` with `own_placements` (None for a parameter that was plain)."""
+    DTensor on `own_mesh` with `own_placements` (None for a parameter that was plain).
+
+    HSDP (`fsdp_ndim == 2`): `replicate_mesh` is the replicate dim, `inner_mesh` the shard
+    dim followed by the own dims (the stored DTensor without its replicate dim).
+    """
 
     fsdp_ndim: int
     own_mesh: Any | None
     own_placements: tuple[Any, ...]
+    replicate_mesh: Any | None = None
+    inner_mesh: Any | None = None
 
 
 def fsdp_placements(mesh: Any) -> list[Any]:
@@ -91,7 +97,22 @@ def shard_parameter(name: str, param: nn.Parameter, mesh: Any) -> tuple[nn.Param
         layout = ParamLayout(mesh.ndim, None, ())
     else:
         stored, layout = _shard_dtensor(name, value, mesh, fsdp)
+    if mesh.ndim == 2:
+        layout = _with_hsdp_meshes(layout, mesh)
     return nn.Parameter(stored, requires_grad=param.requires_grad), layout
+
+
+def _with_hsdp_meshes(layout: ParamLayout, mesh: Any) -> ParamLayout:
+    from dataclasses import replace
+
+    from dt_core.compat.fsdp import concatenate_meshes
+
+    names = mesh.mesh_dim_names
+    if names is None:
+        raise ValueError(f"simple_fsdp: a 2-D (HSDP) mesh needs mesh_dim_names, got {mesh}")
+    shard = mesh[names[1]]
+    inner = shard if layout.own_mesh is None else concatenate_meshes([shard, layout.own_mesh])
+    return replace(layout, replicate_mesh=mesh[names[0]], inner_mesh=inner)
 
 
 def _shard_dtensor(name: str, value: Any, mesh: Any, fsdp: list[Any]) -> tuple[Any, ParamLayout]:
@@ -131,9 +152,12 @@ def gather(param: Any, layout: ParamLayout, mp: Any) -> torch.Tensor:
     """
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
-    fsdp_avg = [Partial("avg")] * layout.fsdp_ndim
+    if layout.replicate_mesh is not None:
+        param = _without_replicate_dim(param, layout)
+    fsdp_ndim = 1 if layout.replicate_mesh is not None else layout.fsdp_ndim
+    fsdp_avg = [Partial("avg")] * fsdp_ndim
     full = param.redistribute(
-        placements=[Replicate()] * layout.fsdp_ndim + list(layout.own_placements),
+        placements=[Replicate()] * fsdp_ndim + list(layout.own_placements),
         forward_dtype=mp.param_dtype,
         backward_dtype=mp.reduce_dtype,
     )
@@ -147,6 +171,29 @@ def gather(param: Any, layout: ParamLayout, mp: Any) -> torch.Tensor:
         run_check=False,
         shape=full.shape,
         stride=full.stride(),
+    )
+
+
+def _without_replicate_dim(param: Any, layout: ParamLayout) -> Any:
+    """The HSDP parameter as a DTensor on its shard (and own) dims; the gradient coming back
+    is all-reduced (averaged) over the replicate dim at shard size.
+
+    One redistribute from (Replicate, Shard) would reduce the gradient over both dims in
+    the opposite order (a full-size all-reduce, then the reduce-scatter); FSDP2 reduces
+    the shard first, and so does this.
+    """
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    local = param.to_local()
+    replicated = DTensor.from_local(local, layout.replicate_mesh, [Replicate()], run_check=False)
+    reduced = replicated.to_local(grad_placements=[Partial("avg")])
+    return DTensor.from_local(
+        reduced,
+        layout.inner_mesh,
+        param.placements[1:],
+        run_check=False,
+        shape=param.shape,
+        stride=param.stride(),
     )
 
 
