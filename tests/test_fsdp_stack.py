@@ -201,7 +201,8 @@ def test_hsdp_eager_and_flattened_mesh() -> None:
 
 
 @pytest.mark.ranks(4, timeout=300)
-def test_fsdp_x_spatial_conv_replicated_params() -> None:
+@pytest.mark.parametrize("replicated_params", [True, False])
+def test_fsdp_x_spatial_conv(replicated_params: bool) -> None:
     from dt_core.testing import cpu_mesh
     from dt_fsdp_passes import simple_fsdp
     from torch import nn
@@ -213,7 +214,9 @@ def test_fsdp_x_spatial_conv_replicated_params() -> None:
         nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1)
     )
     model = _clone(reference)
-    distribute_module(model, mesh["sp"])  # parameters Replicate on "sp"
+    if replicated_params:
+        distribute_module(model, mesh["sp"])  # parameters Replicate on "sp"
+    # Plain parameters: dt-conv treats the gathered weight as replicated on "sp".
     simple_fsdp(model, mesh["dp"])
     dp = mesh["dp"].get_local_rank()
 

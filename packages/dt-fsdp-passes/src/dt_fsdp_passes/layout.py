@@ -162,7 +162,10 @@ def gather(param: Any, layout: ParamLayout, mp: Any) -> torch.Tensor:
         backward_dtype=mp.reduce_dtype,
     )
     if layout.own_mesh is None:
-        return full.to_local(grad_placements=fsdp_avg)
+        local = full.to_local(grad_placements=fsdp_avg)
+        if torch.compiler.is_compiling():
+            return local
+        return _LocalGradient.apply(local)
     local = full.to_local(grad_placements=fsdp_avg + list(layout.own_placements))
     return DTensor.from_local(
         local,
@@ -172,6 +175,27 @@ def gather(param: Any, layout: ParamLayout, mp: Any) -> torch.Tensor:
         shape=full.shape,
         stride=full.stride(),
     )
+
+
+class _LocalGradient(torch.autograd.Function):
+    """Identity whose backward turns a DTensor gradient into the plain full tensor.
+
+    A plain gathered parameter used with DTensor activations on another mesh dim (a conv
+    weight on a spatially sharded input, which dt-conv treats as replicated) gets its
+    gradient back as a DTensor there (Partial or Replicate); its sum over that dim is the
+    gradient of the plain parameter. Eager only: under torch.compile the sharded
+    layers that produce such gradients run outside the graph.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        return grad.full_tensor() if isinstance(grad, DTensor) else grad
 
 
 def _without_replicate_dim(param: Any, layout: ParamLayout) -> Any:
