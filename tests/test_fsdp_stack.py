@@ -133,6 +133,18 @@ def _fsdp_tp(compile_backend: str | None, reshard: bool, mp: bool = False) -> tu
     return errors, placements
 
 
+@pytest.mark.ranks(4, timeout=600)
+def test_compiled_fsdp_x_tp_aot_eager_and_hsdp_aot_eager_match() -> None:
+    """First in the file on purpose: after the eager FSDP x TP tests and the Inductor
+    compile have run in the same rank processes, this aot_eager compile fails in torch's
+    partitioner ("Node tangents_2 was invalid, but is output"; order-dependent, not yet
+    understood: see the package README's Limits)."""
+    result = _compiled_fsdp_tp("aot_eager")
+    assert result["errors"][0] < TOL and result["errors"][1] < TOL, result["errors"]
+    (loss_err, param_err), _ = _hsdp("aot_eager")
+    assert loss_err < TOL and param_err < TOL, (loss_err, param_err)
+
+
 @pytest.mark.ranks(4, timeout=300)
 def test_fsdp_x_tp_eager_both_reshard_modes_and_layout() -> None:
     errors, placements = _fsdp_tp(None, reshard=True)
@@ -458,14 +470,6 @@ def test_compiled_fsdp_x_tp_buckets_fsdp_and_fuses_tp_in_one_graph() -> None:
     log = result["log"]
     assert [r["all_gather_before"] for r in log[:2]] == [4, 3], log
     assert log[1]["reduce_scatter_before"] == 4 and log[1]["reduce_scatter_after"] == 1, log
-
-
-@pytest.mark.ranks(4, timeout=600)
-def test_compiled_fsdp_x_tp_aot_eager_and_hsdp_aot_eager_match() -> None:
-    result = _compiled_fsdp_tp("aot_eager")
-    assert result["errors"][0] < TOL and result["errors"][1] < TOL, result["errors"]
-    (loss_err, param_err), _ = _hsdp("aot_eager")
-    assert loss_err < TOL and param_err < TOL, (loss_err, param_err)
 
 
 @pytest.mark.ranks(4, timeout=600)
