@@ -507,3 +507,69 @@ def test_pass_order_buckets_before_collective_matmul_fusion_before_overlap() -> 
     (fuse,) = symm_mem_passes()
     assert fsdp["bucket"].stage == fuse.stage == fsdp["overlap"].stage
     assert fsdp["bucket"].order < fuse.order < fsdp["overlap"].order
+
+
+@pytest.mark.ranks(8, timeout=600)
+def test_eight_ranks_fsdp_x_tp_x_cp() -> None:
+    """2x2x2 (dp, cp, tp): heads split over tp (Colwise q/k/v, Rowwise out), sequence over
+    cp (dt-cp attention on Shard(2)), FSDP over the flattened dp x cp mesh (torchtitan).
+
+    The only 8-rank world of the suite: about 20 s on 2 shared cores, spawn included."""
+    import torch.nn.functional as F
+    from dt_core.testing import cpu_mesh
+    from dt_fsdp_passes import simple_fsdp
+    from torch import nn
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    _setup()
+    mesh = cpu_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp_fsdp_stack_8")
+    heads, dim = 4, 8
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wq, self.wk, self.wv = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+            self.wo = nn.Linear(dim, dim, bias=False)
+
+        def forward(self, x, cp_mesh=None, tp=1):
+            b, s, _ = x.shape
+            q, k, v = (
+                w(x).reshape(b, s, heads // tp, dim // heads).transpose(1, 2)
+                for w in (self.wq, self.wk, self.wv)
+            )
+            if cp_mesh is not None:
+                q, k, v = (DTensor.from_local(t, cp_mesh, [Shard(2)]) for t in (q, k, v))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if cp_mesh is not None:
+                o = o.to_local()
+            return self.wo(o.transpose(1, 2).reshape(b, s, dim // tp))
+
+    reference = Attention()
+    model = _clone(reference)
+    plan = {name: ColwiseParallel() for name in ("wq", "wk", "wv")}
+    plan["wo"] = RowwiseParallel()
+    parallelize_module(model, mesh["tp"], plan)
+    simple_fsdp(model, fsdp_mesh)
+    stored = dict(model.named_parameters())["wq.weight"]
+    assert str(stored.placements) == "(_StridedShard(dim=0, sf=2), Shard(dim=0))", stored
+    dp, cp = mesh["dp"].get_local_rank(), mesh["cp"].get_local_rank()
+
+    def sharded_step(m, batch):
+        x, y = (t.chunk(2)[dp].chunk(2, dim=1)[cp] for t in batch)
+        return ((m(x, mesh["cp"], tp=2) - y) ** 2).mean()
+
+    errors = _train(
+        reference,
+        model,
+        _mse_step(lambda t: t),
+        sharded_step,
+        _batches((4, 8, dim)),
+        loss_mesh=fsdp_mesh,
+    )
+    assert errors[0] < TOL and errors[1] < TOL, errors
