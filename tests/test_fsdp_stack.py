@@ -573,3 +573,39 @@ def test_eight_ranks_fsdp_x_tp_x_cp() -> None:
         loss_mesh=fsdp_mesh,
     )
     assert errors[0] < TOL and errors[1] < TOL, errors
+
+
+@pytest.mark.ranks(4, timeout=300)
+def test_eager_reshard_regathers_dtensor_parameters_in_backward() -> None:
+    """FSDP x TP in eager: gathered TP shards saved for backward are gathered again there
+    (reshard_after_forward=True) instead of being kept from forward."""
+    import dt_fsdp_passes.layout as layout
+    import torch
+    from dt_core.testing import cpu_mesh
+    from dt_fsdp_passes import simple_fsdp
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = cpu_mesh((2, 2), ("dp", "tp"))
+    original = layout.gather
+    counts = {}
+    for reshard in (True, False):
+        _setup()
+        model = _MLP.make()
+        plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+        parallelize_module(model, mesh["tp"], plan)
+        simple_fsdp(model, mesh["dp"], reshard_after_forward=reshard)
+        # The input needs a gradient, so both weights are saved (fc1's for it).
+        loss = model(torch.randn(4, 8, requires_grad=True)).square().mean()
+        calls = []
+        layout.gather = lambda *a, **k: calls.append(1) or original(*a, **k)
+        try:
+            loss.backward()
+        finally:
+            layout.gather = original
+        counts[reshard] = len(calls)
+    # fc1.weight and fc2.weight are saved by their matmuls; biases are not saved.
+    assert counts == {True: 2, False: 0}, counts
