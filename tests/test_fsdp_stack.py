@@ -310,7 +310,10 @@ def test_bad_meshes_and_parameters_name_the_problem() -> None:
         raise AssertionError("no ValueError")
 
     mesh = cpu_mesh((2, 2), ("dp", "tp"))
-    other = cpu_mesh((2, 2), ("a", "b"))
+    from torch.distributed.device_mesh import DeviceMesh
+
+    # Another root: the same four ranks arranged differently.
+    other = DeviceMesh("cpu", torch.tensor([[0, 2], [1, 3]]), mesh_dim_names=("a", "b"))
 
     def linear_with(weight) -> nn.Module:
         layer = nn.Linear(2, 4, bias=False)

@@ -116,15 +116,15 @@ def _with_hsdp_meshes(layout: ParamLayout, mesh: Any) -> ParamLayout:
 
 
 def _shard_dtensor(name: str, value: Any, mesh: Any, fsdp: list[Any]) -> tuple[Any, ParamLayout]:
-    from dt_core.compat.fsdp import concatenate_meshes, root_mesh, strided_shard
+    from dt_core.compat.fsdp import concatenate_meshes, same_rank_map, strided_shard
     from torch.distributed.tensor import distribute_tensor
 
     own_mesh = value.device_mesh
     own = tuple(value.placements)
-    if root_mesh(own_mesh) is not root_mesh(mesh):
+    if not same_rank_map(own_mesh, mesh):
         raise ValueError(
-            f"simple_fsdp: {_describe(name, value, mesh)} come from different root meshes; "
-            "slice both from one init_device_mesh"
+            f"simple_fsdp: {_describe(name, value, mesh)} come from different root meshes "
+            "(different rank arrangements); slice both from one init_device_mesh"
         )
     try:
         combined = concatenate_meshes([mesh, own_mesh])

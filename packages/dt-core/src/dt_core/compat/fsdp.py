@@ -8,7 +8,7 @@ Interface:
     clear_compile_counters()
     compile_caches(enabled) -> context manager       (FX graph + AOT autograd caches on/off)
     pin_order(graph, deps)                           (control deps Inductor keeps)
-    root_mesh(mesh), concatenate_meshes([m, ...])    (n-D meshes for DTensor parameters)
+    same_rank_map(a, b), concatenate_meshes([m, ...]) (n-D meshes for DTensor parameters)
     strided_shard(dim, split_factor), is_strided_shard(p)  (FSDP over a TP-sharded dim)
 """
 
@@ -94,10 +94,12 @@ def pin_order(graph: Any, deps: dict[Any, list[Any]]) -> None:
     preserve_node_ordering(graph, {node: OrderedSet(after) for node, after in deps.items()})
 
 
-def root_mesh(mesh: Any) -> Any:
-    """The DeviceMesh `mesh` was sliced or flattened from (itself if it is a root)."""
+def same_rank_map(a: Any, b: Any) -> bool:
+    """Whether two meshes index the same arrangement of ranks (torch's condition for
+    joining their dims): sub-meshes of one root, or of equal roots. torch caches sliced
+    meshes by layout, so a slice may report another equal root as its own."""
     ensure_supported_torch()
-    return mesh._get_root_mesh()
+    return a.device_type == b.device_type and a._flatten_rank_map == b._flatten_rank_map
 
 
 def concatenate_meshes(meshes: list[Any]) -> Any:
