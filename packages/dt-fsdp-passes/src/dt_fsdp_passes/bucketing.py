@@ -1,5 +1,7 @@
 """Bucket SimpleFSDP's per-parameter all-gathers and reduce-scatters in a post-grad graph.
 
+Only collectives on the groups simple_fsdp sharded over count (groups.py).
+
 FSDP all-gather: its input derives from one graph input (the parameter shard, maybe
 cast or padded; or only constants, for an empty shard) and no collective. FSDP
 reduce-scatter: its waited result flows only to graph outputs through single-input ops
@@ -42,7 +44,7 @@ from dt_fsdp_passes.graph_utils import (
     single_wait,
     val,
 )
-from dt_fsdp_passes.groups import is_parameter_own_group, is_replicate_group
+from dt_fsdp_passes.groups import is_fsdp_group, is_replicate_group
 
 aten = torch.ops.aten
 FSDP_META = "dt_fsdp_collective"  # node.meta flag: an FSDP collective (bucketed or not)
@@ -150,7 +152,7 @@ def find_fsdp_all_gathers(graph: fx.Graph) -> list[Collective]:
         wait = single_wait(node)
         inp, size, group = _ag_args(node)
         value = val(inp)
-        if is_parameter_own_group(group):
+        if not is_fsdp_group(group):
             continue
         if wait is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
             continue
@@ -180,7 +182,7 @@ def find_fsdp_reduce_scatters(graph: fx.Graph) -> list[Collective]:
         wait = single_wait(node)
         inp, op, size, group = _rs_args(node)
         value = val(inp)
-        if is_parameter_own_group(group):
+        if not is_fsdp_group(group):
             continue
         if wait is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
             continue

@@ -152,7 +152,6 @@ def simple_fsdp(
     """
     check_fsdp_mesh(mesh)
     spec = _GatherSpec(mp_policy or MixedPrecision(), bool(reshard_after_forward))
-    own_meshes = []
     for submodule in list(module.modules()):
         names = tuple(name for name, p in submodule._parameters.items() if p is not None)
         if not names:
@@ -163,12 +162,10 @@ def simple_fsdp(
         for name in names:
             stored, layouts[name] = shard_parameter(name, submodule._parameters[name], mesh)
             submodule._parameters[name] = stored
-            if layouts[name].own_mesh is not None:
-                own_meshes.append(layouts[name].own_mesh)
         submodule.__class__ = _sharded_subclass(type(submodule), names)
         object.__setattr__(submodule, "_dt_fsdp_layouts", layouts)
         object.__setattr__(submodule, "_dt_fsdp_spec", spec)
-    register_groups(mesh, own_meshes)
+    register_groups(mesh)
     if spec.reshard_after_forward:
         from dt_fsdp_passes.eager_reshard import wrap_forward
 
