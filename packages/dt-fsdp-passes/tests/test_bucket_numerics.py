@@ -38,12 +38,14 @@ def _run_case(case: tuple) -> dict:
     import torch
     import torch.distributed as dist
     from dt_fsdp_passes.graph_utils import ALL_GATHER, REDUCE_SCATTER, count_calls, topo_valid
+    from dt_fsdp_passes.groups import mark_fsdp_group
     from dt_fsdp_passes.passes import bucket_pass, overlap_pass
     from torch.fx.experimental.proxy_tensor import make_fx
 
     params, cap_bytes, op, overlap = case
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.group.WORLD.group_name
+    mark_fsdp_group(group)  # hand-built graphs: no simple_fsdp registered the group
     c10d = torch.ops._c10d_functional
     dtypes = [getattr(torch, d) for _, _, d in params]
     shard_shapes = [[rows, *rest] for rows, rest, _ in params]

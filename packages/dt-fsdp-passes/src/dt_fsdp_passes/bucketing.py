@@ -1,5 +1,7 @@
 """Bucket SimpleFSDP's per-parameter all-gathers and reduce-scatters in a post-grad graph.
 
+Only collectives on the groups simple_fsdp sharded over count (groups.py).
+
 FSDP all-gather: its input derives from one graph input (the parameter shard, maybe
 cast or padded; or only constants, for an empty shard) and no collective. FSDP
 reduce-scatter: its waited result flows only to graph outputs through single-input ops
@@ -31,6 +33,7 @@ from torch import fx
 
 from dt_fsdp_passes.graph_utils import (
     ALL_GATHER,
+    ALL_REDUCE,
     COLLECTIVES,
     REDUCE_SCATTER,
     WAIT,
@@ -41,6 +44,7 @@ from dt_fsdp_passes.graph_utils import (
     single_wait,
     val,
 )
+from dt_fsdp_passes.groups import is_fsdp_group, is_replicate_group
 
 aten = torch.ops.aten
 FSDP_META = "dt_fsdp_collective"  # node.meta flag: an FSDP collective (bucketed or not)
@@ -148,6 +152,8 @@ def find_fsdp_all_gathers(graph: fx.Graph) -> list[Collective]:
         wait = single_wait(node)
         inp, size, group = _ag_args(node)
         value = val(inp)
+        if not is_fsdp_group(group):
+            continue
         if wait is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
             continue
         if not _from_one_input(node):
@@ -176,6 +182,8 @@ def find_fsdp_reduce_scatters(graph: fx.Graph) -> list[Collective]:
         wait = single_wait(node)
         inp, op, size, group = _rs_args(node)
         value = val(inp)
+        if not is_fsdp_group(group):
+            continue
         if wait is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
             continue
         if value.shape[0] % size != 0 or not _flows_only_to_outputs(wait):
@@ -184,6 +192,33 @@ def find_fsdp_reduce_scatters(graph: fx.Graph) -> list[Collective]:
             Collective(
                 node, wait, inp, group, size, value.dtype, op, nbytes(value), _module_key(node)
             )
+        )
+    return found
+
+
+def _ar_args(node: fx.Node) -> tuple[fx.Node, str, str]:
+    args = list(node.args)
+    for name in ("reduce_op", "group_name")[len(args) - 1 :]:
+        args.append(node.kwargs[name])
+    return args[0], str(args[1]), str(args[2])  # type: ignore[return-value]
+
+
+def find_hsdp_all_reduces(graph: fx.Graph) -> list[Collective]:
+    """HSDP gradient all-reduces: on a replicate group simple_fsdp registered, their waited
+    result flowing only to graph outputs (the reduced shard gradient's way out)."""
+    found = []
+    for node in graph.nodes:
+        if not is_call(node, ALL_REDUCE):
+            continue
+        inp, op, group = _ar_args(node)
+        wait = single_wait(node)
+        value = val(inp)
+        if not is_replicate_group(group) or wait is None or not isinstance(value, torch.Tensor):
+            continue
+        if not _flows_only_to_outputs(wait):
+            continue
+        found.append(
+            Collective(node, wait, inp, group, 1, value.dtype, op, nbytes(value), _module_key(node))
         )
     return found
 
@@ -318,6 +353,51 @@ def merge_reduce_scatters(graph: fx.Graph, bucket: Bucket, fake_mode: Any) -> fx
     return scatter
 
 
+def merge_all_reduces(graph: fx.Graph, bucket: Bucket, fake_mode: Any) -> fx.Node:
+    """Replace the bucket's all-reduces by one over the concatenated flat inputs."""
+    members = bucket.members
+    first = members[0]
+    where = _positions(graph)
+    last = max((m.node for m in members), key=where.__getitem__)
+    downstream: list[fx.Node] = []
+    for m in members:
+        stack = list(m.wait.users)
+        while stack:
+            node = stack.pop()
+            if node.op != "output" and node not in downstream:
+                downstream.append(node)
+                stack.extend(node.users)
+    with graph.inserting_before(last.next):
+        nodes: list[fx.Node] = []
+
+        def emit(like: fx.Node, target: Any, *args: Any) -> fx.Node:
+            nodes.append(_emit(graph, fake_mode, like, target, *args))
+            return nodes[-1]
+
+        flats = [emit(m.node, aten.reshape.default, m.input, [-1]) for m in members]
+        numels = [int(val(f).numel()) for f in flats]
+        flat = flats[0] if len(flats) == 1 else emit(first.node, aten.cat.default, flats)
+        reduced = emit(first.node, ALL_REDUCE, flat, first.reduce_op, first.group_name)
+        wait = emit(first.wait, WAIT, reduced)
+        pieces = emit(first.wait, aten.split_with_sizes.default, wait, numels)
+        outs = []
+        for i, m in enumerate(members):
+            piece = graph.call_function(operator.getitem, (pieces, i))
+            piece.meta["val"] = val(pieces)[i]
+            nodes.append(piece)
+            outs.append(emit(m.wait, aten.reshape.default, piece, list(val(m.wait).shape)))
+    cursor = nodes[-1]
+    for m, out in zip(members, outs, strict=True):
+        m.wait.replace_all_uses_with(out)
+    for node in sorted(downstream, key=where.__getitem__):
+        cursor.append(node)
+        cursor = node
+    for m in members:
+        graph.erase_node(m.wait)
+        graph.erase_node(m.node)
+    return reduced
+
+
 def _positions(graph: fx.Graph) -> dict[fx.Node, int]:
     return {n: i for i, n in enumerate(graph.nodes)}
 
@@ -348,6 +428,16 @@ def bucket_graph(
         if len(bucket.members) > 1:
             node = merge_reduce_scatters(graph, bucket, fake_mode)
         node.meta[FSDP_META] = True
+    # HSDP: found after the reduce-scatters are merged (their outputs feed these).
+    reduces = find_hsdp_all_reduces(graph)
+    ar_buckets = plan_buckets(reduces, "all_reduce", mode, cap_bytes)
+    for bucket in ar_buckets:
+        node = bucket.members[0].node
+        if len(bucket.members) > 1:
+            node = merge_all_reduces(graph, bucket, fake_mode)
+        node.meta[FSDP_META] = True
+    stats["all_reduce_before"] = len(reduces)
+    stats["all_reduce_after"] = len(ar_buckets)
     stats["all_gather_after"] = len(ag_buckets)
     stats["reduce_scatter_after"] = len(rs_buckets)
     stats["all_gather_bucket_bytes"] = [b.wire_bytes for b in ag_buckets]

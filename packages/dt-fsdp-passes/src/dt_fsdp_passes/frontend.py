@@ -20,6 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from dt_fsdp_passes.groups import register as register_groups
+from dt_fsdp_passes.layout import ParamLayout, check_fsdp_mesh, gather, shard_parameter
+
 _SUBCLASS_CACHE: dict[tuple[type, tuple[str, ...]], type] = {}
 
 
@@ -61,17 +64,8 @@ class _GatherSpec:
     reshard_after_forward: bool
 
 
-def _gather(param: Any, mp: MixedPrecision) -> torch.Tensor:
-    """Shard(0) DTensor -> full local tensor; backward reduce-scatters the averaged grad."""
-    from torch.distributed.tensor import Partial, Replicate
-
-    ndim = param.device_mesh.ndim
-    full = param.redistribute(
-        placements=[Replicate()] * ndim,
-        forward_dtype=mp.param_dtype,
-        backward_dtype=mp.reduce_dtype,
-    )
-    return full.to_local(grad_placements=[Partial("avg")] * ndim)
+def _gather(param: Any, layout: ParamLayout, mp: MixedPrecision) -> torch.Tensor:
+    return gather(param, layout, mp)
 
 
 def _recompute_gathers_policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -90,20 +84,21 @@ def _recompute_context() -> Any:
     return create_selective_checkpoint_contexts(_recompute_gathers_policy)
 
 
-def _gathered(param: Any, spec: _GatherSpec) -> torch.Tensor:
+def _gathered(param: Any, layout: ParamLayout, spec: _GatherSpec) -> torch.Tensor:
     if not spec.reshard_after_forward or not torch.is_grad_enabled():
-        return _gather(param, spec.mp)
+        return _gather(param, layout, spec.mp)
     if not torch.compiler.is_compiling():
         from dt_fsdp_passes.eager_reshard import remember
 
-        full = _gather(param, spec.mp)
-        remember(full, param, spec.mp)
+        full = _gather(param, layout, spec.mp)
+        remember(full, param, layout, spec.mp)
         return full
     from torch.utils.checkpoint import checkpoint
 
     return checkpoint(
         _gather,
         param,
+        layout,
         spec.mp,
         use_reentrant=False,
         context_fn=_recompute_context,
@@ -113,7 +108,7 @@ def _gathered(param: Any, spec: _GatherSpec) -> torch.Tensor:
 def _property_for(name: str) -> property:
     def getter(self: nn.Module) -> torch.Tensor:
         param = self._parameters[name]
-        return _gathered(param, self._dt_fsdp_spec)
+        return _gathered(param, self._dt_fsdp_layouts[name], self._dt_fsdp_spec)
 
     def setter(self: nn.Module, value: Any) -> None:
         # nn.Module.__setattr__ is bypassed by the property: keep its Parameter handling.
@@ -122,7 +117,7 @@ def _property_for(name: str) -> property:
         else:
             raise TypeError(
                 f"simple_fsdp: cannot assign a plain tensor to sharded parameter {name!r}; "
-                "assign an nn.Parameter holding a Shard(0) DTensor"
+                "assign an nn.Parameter holding a DTensor laid out as simple_fsdp stored it"
             )
 
     return property(getter, setter)
@@ -139,45 +134,23 @@ def _sharded_subclass(cls: type, names: tuple[str, ...]) -> type:
     return sub
 
 
-def _check_mesh(mesh: Any) -> None:
-    from torch.distributed.device_mesh import DeviceMesh
-
-    if not isinstance(mesh, DeviceMesh):
-        raise TypeError(f"simple_fsdp: mesh must be a DeviceMesh, got {type(mesh).__name__}")
-    if mesh.ndim != 1:
-        raise ValueError(
-            f"simple_fsdp: only 1-D meshes are supported (got {mesh.ndim}-D); "
-            "hybrid sharding (HSDP) is not implemented"
-        )
-
-
-def _shard_parameter(param: nn.Parameter, mesh: Any) -> nn.Parameter:
-    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-
-    if isinstance(param.data, DTensor):
-        raise ValueError("simple_fsdp: parameter is already a DTensor (applied twice?)")
-    if param.dim() == 0:
-        raise ValueError(
-            "simple_fsdp: 0-dim parameters cannot be Shard(0); reshape them to (1,) first"
-        )
-    sharded = distribute_tensor(param.detach(), mesh, [Shard(0)])
-    return nn.Parameter(sharded, requires_grad=param.requires_grad)
-
-
 def simple_fsdp(
     module: nn.Module,
     mesh: Any,
     reshard_after_forward: bool = True,
     mp_policy: MixedPrecision | None = None,
 ) -> nn.Module:
-    """Shard every parameter of `module` as Shard(0) over the 1-D `mesh`, in place.
+    """Shard every parameter of `module` over `mesh`, in place.
 
-    Reading a parameter inside forward all-gathers it; its gradient is reduce-scattered
-    and averaged over the mesh, so each rank trains on its own batch and the result
-    matches the unsharded model on the concatenated batch. Returns `module`.
-    Every rank must call this with identical parameters (e.g. the same seed).
+    1-D `mesh`: FSDP (Shard(0)). 2-D `mesh`: HSDP (replicate over dim 0, shard over dim 1).
+    Parameters that are already DTensors on other dims of the same root mesh (TP, spatial
+    Replicate, ...) keep their placements there (see layout.py). Reading a parameter
+    inside forward all-gathers it over the FSDP dims; its gradient is reduce-scattered
+    (and all-reduced over the HSDP replicate dim), averaged, so each FSDP rank trains on
+    its own batch and the result matches the unsharded model on the concatenated batch.
+    Returns `module`. Every rank must call this with identical parameters (same seed).
     """
-    _check_mesh(mesh)
+    check_fsdp_mesh(mesh)
     spec = _GatherSpec(mp_policy or MixedPrecision(), bool(reshard_after_forward))
     for submodule in list(module.modules()):
         names = tuple(name for name, p in submodule._parameters.items() if p is not None)
@@ -185,10 +158,14 @@ def simple_fsdp(
             continue
         if getattr(submodule, "_dt_fsdp_spec", None) is not None:
             raise ValueError("simple_fsdp: module already sharded")
+        layouts = {}
         for name in names:
-            submodule._parameters[name] = _shard_parameter(submodule._parameters[name], mesh)
+            stored, layouts[name] = shard_parameter(name, submodule._parameters[name], mesh)
+            submodule._parameters[name] = stored
         submodule.__class__ = _sharded_subclass(type(submodule), names)
+        object.__setattr__(submodule, "_dt_fsdp_layouts", layouts)
         object.__setattr__(submodule, "_dt_fsdp_spec", spec)
+    register_groups(mesh)
     if spec.reshard_after_forward:
         from dt_fsdp_passes.eager_reshard import wrap_forward
 

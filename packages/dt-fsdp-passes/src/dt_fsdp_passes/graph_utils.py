@@ -14,6 +14,7 @@ c10d = torch.ops._c10d_functional
 ALL_GATHER = c10d.all_gather_into_tensor.default
 REDUCE_SCATTER = c10d.reduce_scatter_tensor.default
 WAIT = c10d.wait_tensor.default
+ALL_REDUCE = c10d.all_reduce.default
 COLLECTIVES = (
     ALL_GATHER,
     REDUCE_SCATTER,

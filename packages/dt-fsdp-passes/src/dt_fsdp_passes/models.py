@@ -22,6 +22,24 @@ class MLP(nn.Module):
         return x
 
 
+class BlockMLP(nn.Module):
+    """The MLP's linears grouped `per_block` to a block (`blocks.<i>`): a module owning
+    several parameters, which is what per-module bucketing merges."""
+
+    def __init__(self, width: int, depth: int, per_block: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(per_block)))
+            for _ in range(depth // per_block)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            for layer in block:
+                x = torch.relu(layer(x))
+        return x
+
+
 class Block(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()

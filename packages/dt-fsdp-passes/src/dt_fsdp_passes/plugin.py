@@ -12,11 +12,22 @@ from dt_core import GraphPass, hookimpl
 
 DT_API = ">=1.0,<2"  # dt-core hook API this plugin is written for
 
+# Order within the post_grad_post stage (other plugins' passes default to 0):
+# - bucketing runs first, so FSDP's gradient reduce-scatters (mm -> reduce_scatter on the
+#   FSDP group) become buckets before a collective-matmul fusion (dt-symm-mem, order 0)
+#   could take them one by one; it leaves collectives on TP/spatial groups alone, which
+#   that fusion then takes;
+# - overlap runs last: it pins the final order with control dependencies, which a later
+#   pattern rewrite would have to respect.
+BUCKET_ORDER = -10
+OVERLAP_ORDER = 20
+
 
 def _settings() -> dict[str, Any]:
     from dt_fsdp_passes.config import current_settings
+    from dt_fsdp_passes.groups import as_dict
 
-    return current_settings().as_dict()
+    return {**current_settings().as_dict(), **as_dict()}
 
 
 def _bucket(graph: Any) -> None:
@@ -34,6 +45,6 @@ def _overlap(graph: Any) -> None:
 @hookimpl
 def dt_graph_passes() -> list[GraphPass]:
     return [
-        GraphPass("bucket", _bucket, stage="post_grad_post", order=10, settings=_settings),
-        GraphPass("overlap", _overlap, stage="post_grad_post", order=20, settings=_settings),
+        GraphPass("bucket", _bucket, order=BUCKET_ORDER, settings=_settings),
+        GraphPass("overlap", _overlap, order=OVERLAP_ORDER, settings=_settings),
     ]

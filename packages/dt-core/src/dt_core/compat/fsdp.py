@@ -8,6 +8,8 @@ Interface:
     clear_compile_counters()
     compile_caches(enabled) -> context manager       (FX graph + AOT autograd caches on/off)
     pin_order(graph, deps)                           (control deps Inductor keeps)
+    same_rank_map(a, b), concatenate_meshes([m, ...]) (n-D meshes for DTensor parameters)
+    strided_shard(dim, split_factor), is_strided_shard(p)  (FSDP over a TP-sharded dim)
 """
 
 from __future__ import annotations
@@ -90,3 +92,44 @@ def pin_order(graph: Any, deps: dict[Any, list[Any]]) -> None:
     from torch.utils._ordered_set import OrderedSet
 
     preserve_node_ordering(graph, {node: OrderedSet(after) for node, after in deps.items()})
+
+
+def same_rank_map(a: Any, b: Any) -> bool:
+    """Whether two meshes index the same arrangement of ranks (torch's condition for
+    joining their dims): sub-meshes of one root, or of equal roots. torch caches sliced
+    meshes by layout, so a slice may report another equal root as its own."""
+    ensure_supported_torch()
+    return a.device_type == b.device_type and a._flatten_rank_map == b._flatten_rank_map
+
+
+def concatenate_meshes(meshes: list[Any]) -> Any:
+    """One DeviceMesh whose dims are the dims of `meshes` in turn (all from one root).
+
+    Raises ValueError when they come from different roots or share ranks along a dim
+    (overlap), or when a mesh has no dim names (torch needs them to join meshes).
+    """
+    ensure_supported_torch()
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if any(m.mesh_dim_names is None for m in meshes):
+        raise ValueError(f"meshes without mesh_dim_names cannot be joined: {meshes}")
+    try:
+        return DeviceMesh._concatenate(list(meshes))
+    except RuntimeError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def strided_shard(dim: int, split_factor: int) -> Any:
+    """A Shard(dim) placement applied before the later mesh dims' shards of the same tensor
+    dim (torch's `_StridedShard`): FSDP's layout over a TP-sharded dim, as FSDP2 stores it."""
+    ensure_supported_torch()
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return _StridedShard(dim, split_factor=split_factor)
+
+
+def is_strided_shard(placement: Any) -> bool:
+    ensure_supported_torch()
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return isinstance(placement, _StridedShard)
