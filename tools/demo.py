@@ -29,12 +29,14 @@ import time
 import traceback
 from pathlib import Path
 
-# (plugin package, demo module)
+# (row label, demo module, stage function, ranks it needs a multiple of)
 STAGES = [
-    ("dt-conv", "dt_conv.demo"),
-    ("dt-cp", "dt_cp.demo"),
-    ("dt-symm-mem", "dt_symm_mem.demo"),
-    ("dt-fsdp-passes", "dt_fsdp_passes.demo"),
+    ("dt-conv", "dt_conv.demo", "run_stage", 1),
+    ("dt-cp", "dt_cp.demo", "run_stage", 1),
+    ("dt-symm-mem", "dt_symm_mem.demo", "run_stage", 1),
+    ("dt-fsdp-passes", "dt_fsdp_passes.demo", "run_stage", 1),
+    # FSDP x TP x CP on a (dp, cp, tp) = (world/4, 2, 2) mesh, compiled; a loss curve
+    ("dt-fsdp-passes stack", "dt_fsdp_passes.demo", "run_stack_stage", 4),
 ]
 
 
@@ -79,24 +81,34 @@ def _init() -> None:
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=5))
 
 
-def _run_stage(module_name: str, small: bool) -> dict:
+def _run_stage(
+    module_name: str, small: bool, function: str = "run_stage", multiple: int = 1
+) -> dict:
     """The stage's result; a stage that raises reports the error instead of stopping us."""
     import torch.distributed as dist
 
     top = module_name.split(".")[0]
     if importlib.util.find_spec(top) is None:
         return {"missing": True}
+    if dist.get_world_size() % multiple:
+        return {"missing": True, "why": f"needs a multiple of {multiple} ranks"}
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         return {"ok": False, "error": f"no demo stage: {error}"}
     start = time.perf_counter()
     try:
-        result = dict(module.run_stage(small=small))
+        result = dict(getattr(module, function)(small=small))
     except Exception as error:  # noqa: BLE001 - reported in the table, exit code 1
         traceback.print_exc()
         result = {"ok": False, "error": f"{type(error).__name__}: {error}"}
     result["wall_s"] = time.perf_counter() - start
+    if "losses" in result:  # a training stage: its loss curve against one process
+        result["loss_curve"] = {
+            "sharded": result.pop("losses"),
+            "reference": result.pop("reference_losses"),
+            "label": f"{dist.get_world_size()} ranks",
+        }
     flags = [None] * dist.get_world_size()
     dist.all_gather_object(flags, bool(result.get("ok")))
     result["ok"] = all(flags)  # a stage passes only if it passed on every rank
@@ -119,17 +131,23 @@ def _table(rows: list[tuple[str, dict]]) -> str:
     ]
     for package, r in rows:
         if r.get("missing"):
-            lines.append(f"| {package} | | | | | | not installed |")
+            lines.append(f"| {package} | | | | | | {r.get('why', 'not installed')} |")
             continue
         if "error" in r:
             lines.append(f"| {package} | | | | | | FAILED: {r['error'][:80]} |")
             continue
-        ratio = r["baseline_time_s"] / r["time_s"] if r.get("time_s") else float("nan")
+        if r.get("baseline_time_s"):
+            ratio = r["baseline_time_s"] / r["time_s"]
+            timing = (
+                f"{r['time_s'] * 1e3:.1f} ms vs {r['baseline_time_s'] * 1e3:.1f} ms ({ratio:.2f}x)"
+            )
+        else:  # nothing to compare with (e.g. a training curve against one process)
+            timing = f"{r['time_s'] * 1e3:.1f} ms"
+        sent = r.get("bytes_communicated")
         lines.append(
             f"| {package} | {r['feature']} | {r['ranks']} "
-            f"| {r['max_error']:.2e} ({r['tolerance']:.0e}) "
-            f"| {r['time_s'] * 1e3:.1f} ms vs {r['baseline_time_s'] * 1e3:.1f} ms "
-            f"({ratio:.2f}x) | {_fmt_bytes(r['bytes_communicated'])} "
+            f"| {r['max_error']:.2e} ({r['tolerance']:.0e}) | {timing} "
+            f"| {_fmt_bytes(sent) if sent is not None else '-'} "
             f"| {'ok' if r['ok'] else 'MISMATCH'} |"
         )
     return "\n".join(lines)
@@ -145,14 +163,15 @@ def _plot(rows: list[tuple[str, dict]], out: Path) -> list[Path]:
     except ImportError:
         return []
     done = [(p, r) for p, r in rows if r.get("time_s") and "error" not in r]
+    timed = [(p, r) for p, r in done if r.get("baseline_time_s")]
     written = []
-    if done:
-        fig, ax = plt.subplots(figsize=(6.4, 0.6 + 0.55 * len(done)))
-        names = [p for p, _ in done][::-1]
-        ratios = [r["baseline_time_s"] / r["time_s"] for _, r in done][::-1]
+    if timed:
+        fig, ax = plt.subplots(figsize=(6.4, 0.6 + 0.55 * len(timed)))
+        names = [p for p, _ in timed][::-1]
+        ratios = [r["baseline_time_s"] / r["time_s"] for _, r in timed][::-1]
         bars = ax.barh(names, ratios, color=["#3b7dd8" if x >= 1 else "#d8823b" for x in ratios])
         ax.axvline(1.0, color="black", linewidth=0.8)
-        for bar, (_, r) in zip(bars, done[::-1], strict=True):
+        for bar, (_, r) in zip(bars, timed[::-1], strict=True):
             label = f" {bar.get_width():.2f}x  (max err {r['max_error']:.1e})"
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center")
         ax.set_xlabel("speed-up: time without the plugin / time with it (same run)")
@@ -203,16 +222,16 @@ def main() -> int:
     _init()
     import torch.distributed as dist
 
-    stages = [(m, m) for m in args.stages] if args.stages else STAGES
+    stages = [(m, m, "run_stage", 1) for m in args.stages] if args.stages else STAGES
     world = dist.get_world_size()
     backend = dist.get_backend()
     _say(f"dt-plugins demo: {world} ranks, {backend}, size {args.size}")
     rows = []
-    for i, (package, module) in enumerate(stages, 1):
+    for i, (package, module, function, multiple) in enumerate(stages, 1):
         _say(f"[{i}/{len(stages)}] {package} ...")
-        result = _run_stage(module, args.size == "small")
+        result = _run_stage(module, args.size == "small", function, multiple)
         if result.get("missing"):
-            status = "not installed"
+            status = result.get("why", "not installed")
         elif "error" in result:
             status = f"FAILED ({result['error']})"
         else:
