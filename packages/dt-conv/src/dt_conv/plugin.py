@@ -82,9 +82,12 @@ def _lazy(target: str) -> Callable[..., object]:
 
     def run(op_call: Any, args: tuple, kwargs: dict) -> object:
         validate = importlib.import_module("dt_conv.validate")
-        validate.refuse_tracing(str(op_call), args, kwargs)
         if "backward" not in op_call.__name__:  # backward runs only after forward passed
             validate.raise_like_torch(op_call, args, kwargs)
+        if validate.simulated_ranks(args, kwargs):
+            from dt_conv.fallback import replicated_op
+
+            return replicated_op(str(op_call), op_call, args, kwargs)
         return getattr(importlib.import_module(f"dt_conv.{module}"), name)(op_call, args, kwargs)
 
     handler = _outside_dynamo(run)
