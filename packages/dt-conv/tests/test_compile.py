@@ -24,8 +24,10 @@ def compare(
     placements: list,
     params: list[torch.Tensor],
     backend: str = "aot_eager",
+    param_placements: list | None = None,
 ) -> None:
-    """fn(x, *params) compiled with fullgraph on DTensors == eager fn on full tensors."""
+    """fn(x, *params) compiled with fullgraph on DTensors == eager fn on full tensors
+    (values, output placements = input placements, every gradient)."""
     import torch._dynamo
     from torch.distributed.tensor import Replicate, distribute_tensor
 
@@ -38,9 +40,10 @@ def compare(
 
     rep = [Replicate()] * mesh.ndim
     xd = distribute_tensor(x, mesh, placements).requires_grad_(True)
-    pd = [distribute_tensor(p, mesh, rep).requires_grad_(True) for p in params]
+    pd = [distribute_tensor(p, mesh, param_placements or rep).requires_grad_(True) for p in params]
     got = torch.compile(fn, backend=backend, fullgraph=True)(xd, *pd)
-    assert tuple(got.placements) == tuple(placements), got.placements
+    if param_placements is None:
+        assert tuple(got.placements) == tuple(placements), got.placements
     gd = distribute_tensor(g, mesh, list(got.placements))
     (got * gd).sum().backward()
     torch.testing.assert_close(got.full_tensor(), expected, rtol=1e-9, atol=1e-9)
@@ -61,13 +64,88 @@ def small_net(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Ten
     return F.conv2d(y, w3, padding=1)
 
 
+def window_ops_2d(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor):  # type: ignore[no-untyped-def]
+    """Every 2-D op kind: pad modes, conv, pooling, interpolation, transposed conv."""
+    y = F.conv2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), w1)
+    y = F.max_pool2d(torch.tanh(y), 3, stride=2, padding=1)
+    y = F.interpolate(y, scale_factor=2, mode="bilinear", align_corners=False)
+    y = F.pad(y, (2, 1, 1, 2), mode="replicate")
+    y = F.conv_transpose2d(y, w2, stride=2, padding=1)
+    y = F.avg_pool2d(F.pad(y, (0, 1, 1, 0), value=0.5), 2, ceil_mode=True)
+    y = F.pad(y, (1, 1, 2, 2), mode="circular")
+    return F.interpolate(y, size=(9, 7), mode="nearest")
+
+
+def ops_1d(x: torch.Tensor, w: torch.Tensor):  # type: ignore[no-untyped-def]
+    y = F.conv1d(F.pad(x, (2, 2), mode="circular"), w, dilation=2)
+    y = F.avg_pool1d(y, 3, stride=1, padding=1, count_include_pad=False)
+    y = F.max_pool1d(y, 2)
+    return F.interpolate(y, scale_factor=3, mode="linear", align_corners=True)
+
+
+def ops_3d(x: torch.Tensor, w: torch.Tensor):  # type: ignore[no-untyped-def]
+    y = F.conv3d(x, w, padding=1, stride=(1, 2, 1))
+    y = F.max_pool3d(y, 2, ceil_mode=True)
+    return F.interpolate(y, scale_factor=2, mode="trilinear")
+
+
+def channel_conv(x: torch.Tensor, w: torch.Tensor):  # type: ignore[no-untyped-def]
+    return F.conv2d(x, w, padding=1)
+
+
 @pytest.mark.ranks(2)
-def test_conv2d_compiles_fullgraph_on_a_1d_mesh() -> None:
+def test_every_op_kind_compiles_fullgraph_on_2_ranks() -> None:
+    """Uneven shards (11 rows on 2 ranks), 1-D, 2-D and 3-D ops, every pad mode,
+    pooling, interpolation, transposed conv; a channel-sharded conv; the issue's net."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    torch.set_num_threads(1)
+    mesh = cpu_mesh(2)
+    net_params = [
+        _randn(4, 3, 3, 3, seed=1),
+        _randn(4, 4, 3, 3, seed=2),
+        _randn(2, 4, 3, 3, seed=3),
+    ]
+    compare(small_net, mesh, _randn(2, 3, 12, 10), [Shard(3)], net_params)
+    ops_params = [_randn(3, 2, 3, 3, seed=4), _randn(3, 2, 4, 4, seed=5)]
+    for placements in ([Shard(2)], [Shard(3)]):
+        compare(window_ops_2d, mesh, _randn(1, 2, 11, 9), placements, ops_params)
+    compare(ops_1d, mesh, _randn(2, 2, 13), [Shard(2)], [_randn(3, 2, 3, seed=6)])
+    compare(ops_3d, mesh, _randn(1, 2, 5, 7, 6), [Shard(3)], [_randn(2, 2, 3, 3, 3, seed=7)])
+    # output-channel sharded weight: the output is channel sharded (no halo)
+    compare(
+        channel_conv,
+        mesh,
+        _randn(1, 3, 6, 5),
+        [Replicate()],
+        [_randn(4, 3, 3, 3, seed=8)],
+        param_placements=[Shard(0)],
+    )
+
+
+@pytest.mark.ranks(2)
+def test_inductor_compiles_the_sharded_ops() -> None:
     from torch.distributed.tensor import Shard
 
     torch.set_num_threads(1)
     mesh = cpu_mesh(2)
-    x = _randn(2, 3, 12, 10)
     params = [_randn(4, 3, 3, 3, seed=1), _randn(4, 4, 3, 3, seed=2), _randn(2, 4, 3, 3, seed=3)]
-    for placements in ([Shard(2)], [Shard(3)]):
+    compare(small_net, mesh, _randn(2, 3, 12, 10), [Shard(2)], params, backend="inductor")
+    ops_params = [_randn(3, 2, 3, 3, seed=4), _randn(3, 2, 4, 4, seed=5)]
+    compare(window_ops_2d, mesh, _randn(1, 2, 11, 9), [Shard(3)], ops_params, backend="inductor")
+
+
+@pytest.mark.ranks(4)
+def test_2x2_mesh_compiles_fullgraph() -> None:
+    """The issue's case: H over mesh dim 0, W over mesh dim 1, and each alone; uneven."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    torch.set_num_threads(1)
+    mesh = cpu_mesh((2, 2))
+    params = [_randn(4, 3, 3, 3, seed=1), _randn(4, 4, 3, 3, seed=2), _randn(2, 4, 3, 3, seed=3)]
+    x = _randn(1, 3, 13, 10)
+    for placements in ([Shard(2), Shard(3)], [Shard(2), Replicate()], [Replicate(), Shard(3)]):
         compare(small_net, mesh, x, placements, params)
+    compare(small_net, mesh, x, [Shard(2), Shard(3)], params, backend="inductor")
+    ops_params = [_randn(3, 2, 3, 3, seed=4), _randn(3, 2, 4, 4, seed=5)]
+    compare(window_ops_2d, mesh, _randn(1, 2, 11, 9), [Shard(3), Shard(2)], ops_params)

@@ -118,14 +118,41 @@ def _pad_circular(x: Any, pad: Any) -> Any:
     return torch.ops.aten._pad_circular.default.decompose(x, pad)
 
 
+# `F.interpolate`'s composite entry ops, decomposed by torch's Python dispatcher while
+# tracing unless dt-conv's autograd kernel takes DTensors first (`interpolate_vec`).
+UPSAMPLE_VEC = tuple(
+    f"{op}{n}d"
+    for op, ns in (
+        ("upsample_linear", (1,)),
+        ("upsample_bilinear", (2,)),
+        ("upsample_trilinear", (3,)),
+        ("upsample_nearest", (1, 2, 3)),
+        ("_upsample_nearest_exact", (1, 2, 3)),
+    )
+    for n in ns
+)
+
+
+def _upsample_vec_kernel(name: str) -> Callable[..., object]:
+    def kernel(x: Any, *args: Any) -> object:
+        from dt_conv.interpolate_vec import upsample_vec
+
+        return upsample_vec(name, x, *args)
+
+    return kernel
+
+
 def _define_composites(lib: Any) -> None:
     for key in COMPOSITE_KEYS:
         lib.impl("_pad_circular", _pad_circular, key)
+        for name in UPSAMPLE_VEC:
+            lib.impl(f"{name}.vec", _upsample_vec_kernel(name), key)
 
 
 @hookimpl
 def dt_library_ops() -> list[LibraryOps]:
     ops = [f"aten::_pad_circular@{key}" for key in COMPOSITE_KEYS]
+    ops += [f"aten::{name}.vec@{key}" for name in UPSAMPLE_VEC for key in COMPOSITE_KEYS]
     return [LibraryOps("aten", _define_composites, ops=ops, kind="IMPL")]
 
 

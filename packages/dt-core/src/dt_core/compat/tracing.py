@@ -123,3 +123,28 @@ def graph_break_reasons(fn: Callable[..., Any], *args: Any) -> list[str]:
 
     explained = torch._dynamo.explain(fn)(*args)
     return [str(b.reason) for b in explained.break_reasons]
+
+
+@contextmanager
+def below_autograd() -> Iterator[None]:
+    """Dispatch the block's ops past the autograd keys (an autograd.Function's forward
+    calling an op whose autograd kernel would decompose it while tracing)."""
+    ensure_supported_torch()
+    import torch
+
+    with torch._C._AutoDispatchBelowAutograd():
+        yield
+
+
+def run_torch_composite(op: Any, *args: Any) -> Any:
+    """`op`'s own CompositeImplicitAutograd kernel, as torch picks it: the Python
+    decomposition while the Python dispatcher is on (tracing), else the C++ one."""
+    ensure_supported_torch()
+    import torch
+    from torch._C import DispatchKey
+
+    key = DispatchKey.CompositeImplicitAutograd
+    tracing_dispatch = torch._C._dispatch_tls_is_dispatch_key_included(DispatchKey.PythonDispatcher)
+    if tracing_dispatch and key in op.py_kernels:
+        return op.py_kernels[key](*args)
+    return op._op_dk(key, *args)
