@@ -123,7 +123,7 @@ def test_every_op_kind_compiles_fullgraph_on_2_ranks() -> None:
     )
 
 
-@pytest.mark.ranks(2)
+@pytest.mark.ranks(2, timeout=900)
 def test_inductor_compiles_the_sharded_ops() -> None:
     from torch.distributed.tensor import Shard
 
@@ -135,7 +135,7 @@ def test_inductor_compiles_the_sharded_ops() -> None:
     compare(window_ops_2d, mesh, _randn(1, 2, 11, 9), [Shard(3)], ops_params, backend="inductor")
 
 
-@pytest.mark.ranks(4)
+@pytest.mark.ranks(4, timeout=900)
 def test_2x2_mesh_compiles_fullgraph() -> None:
     """The issue's case: H over mesh dim 0, W over mesh dim 1, and each alone; uneven."""
     from torch.distributed.tensor import Replicate, Shard

@@ -31,6 +31,10 @@ def is_tracing(*values: Any) -> bool:
     """Whether a tracer records this call: Dynamo compiling, a proxy / fake / functional
     mode active, or one of `values` (tensors, wrapper subclasses such as DTensor, lists of
     them) being or wrapping a fake or functional tensor. Eager subclasses are not."""
+    import torch
+
+    if torch.compiler.is_compiling():  # public, and constant-folded by Dynamo
+        return True
     return _compat.tracer_modes_active() or any(_traced_value(v) for v in values)
 
 
