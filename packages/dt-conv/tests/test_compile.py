@@ -149,3 +149,104 @@ def test_2x2_mesh_compiles_fullgraph() -> None:
     compare(small_net, mesh, x, [Shard(2), Shard(3)], params, backend="inductor")
     ops_params = [_randn(3, 2, 3, 3, seed=4), _randn(3, 2, 4, 4, seed=5)]
     compare(window_ops_2d, mesh, _randn(1, 2, 11, 9), [Shard(3), Shard(2)], ops_params)
+
+
+def _code_lines(codes: list[str]) -> list[str]:
+    """Inductor's generated code without its comments (they name source ops too)."""
+    return [ln for c in codes for ln in c.splitlines() if not ln.strip().startswith("#")]
+
+
+def _first(lines: list[str], text: str, after: int = -1) -> int:
+    return next(i for i, ln in enumerate(lines) if i > after and text in ln)
+
+
+@pytest.mark.ranks(2, timeout=900)
+def test_compiled_code_waits_for_the_halo_after_the_interior_conv() -> None:
+    """Overlap survives compilation: the exchange starts, the local conv runs, then the
+    wait, then only the seam rows are recomputed (dt-conv's start/wait order)."""
+    from dt_core.compat.tracing import inductor_code
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    mesh = cpu_mesh(2)
+    x, w = _randn(1, 2, 16, 8), _randn(3, 2, 3, 3, seed=1)
+    xd = distribute_tensor(x, mesh, [Shard(2)])
+    wd = distribute_tensor(w, mesh, [Replicate()])
+    fn = torch.compile(lambda a, b: F.conv2d(a, b, padding=1), backend="inductor", fullgraph=True)
+    with torch.no_grad():
+        out, codes = inductor_code(fn, xd, wd)
+    torch.testing.assert_close(out.full_tensor(), F.conv2d(x, w, padding=1))
+    lines = _code_lines(codes)
+    start = _first(lines, "_c10d_functional.all_to_all_single.default(")
+    interior = _first(lines, "extern_kernels.convolution(", start)
+    wait = _first(lines, "_c10d_functional.wait_tensor.default(", start)
+    seam = _first(lines, "extern_kernels.convolution(", wait)
+    assert start < interior < wait < seam, "\n".join(lines[start : seam + 1])
+
+
+def test_local_tensor_mode_is_eager_and_exact() -> None:
+    """torch's LocalTensorMode (every rank simulated in one process) is eager, not
+    tracing: dt-conv computes there too (replicated, exact, with its warning) instead of
+    refusing. Runs in a fresh process: it needs torch's fake process group."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("local_tensor_mode_run.py")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "LOCAL_TENSOR_MODE_EXACT" in done.stdout
+    assert "ranks simulated in one process" in done.stderr
+
+
+@pytest.mark.ranks(2, timeout=600)
+def test_bad_arguments_make_fx_and_tracing_detection() -> None:
+    """Under torch.compile a bad conv raises torch's own eager message on every rank (and
+    no collective is left waiting); make_fx traces a sharded layer written over local
+    tensors (DTensor.from_local ... to_local) into a graph holding the exchange, which
+    reruns exactly on new data; dt-core's is_tracing sees fake DTensors only."""
+    import re
+
+    import torch.distributed as dist
+    from dt_core.tracing import is_tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    mesh = cpu_mesh(2)
+    x, bad_w = _randn(1, 2, 10, 9), _randn(3, 5, 3, 3, seed=1)
+    with pytest.raises(RuntimeError) as eager:
+        F.conv2d(x, bad_w)
+    xd = distribute_tensor(x, mesh, [Shard(2)])
+    bad = distribute_tensor(bad_w, mesh, [Replicate()])
+    compiled = torch.compile(lambda a, b: F.conv2d(a, b), backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match=re.escape(str(eager.value))):
+        compiled(xd, bad)
+    dist.barrier()
+
+    w = _randn(3, 2, 3, 3, seed=2)
+
+    def layer(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        y = F.max_pool2d(torch.tanh(F.conv2d(a, b, padding=1)), 2)
+        return F.interpolate(y, scale_factor=2, mode="bilinear")
+
+    def over_locals(xl: torch.Tensor, wl: torch.Tensor) -> torch.Tensor:
+        a = DTensor.from_local(xl, mesh, [Shard(2)], run_check=False)
+        b = DTensor.from_local(wl, mesh, [Replicate()], run_check=False)
+        return layer(a, b).to_local()
+
+    graph = make_fx(over_locals, tracing_mode="fake")(xd.to_local(), w)
+    assert "all_to_all_single" in graph.code
+    x2 = _randn(1, 2, 10, 9, seed=3)
+    x2d = distribute_tensor(x2, mesh, [Shard(2)])
+    got = DTensor.from_local(graph(x2d.to_local(), w), mesh, [Shard(2)], run_check=False)
+    torch.testing.assert_close(got.full_tensor(), layer(x2, w))
+
+    assert not is_tracing(xd)
+    fake = FakeTensorMode().from_tensor(xd)
+    assert isinstance(fake, DTensor) and is_tracing(fake)

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dt_core import LibraryOps, OpHandler, hookimpl
+from dt_core import GraphPass, LibraryOps, OpHandler, hookimpl
 
 # aten op name -> "module:function" of its handler (modules of this package).
 HANDLERS = {
@@ -162,3 +162,24 @@ def dt_op_handlers() -> list[OpHandler]:
 
     aten = torch.ops.aten
     return [OpHandler(getattr(aten, op).default, _lazy(t)) for op, t in HANDLERS.items()]
+
+
+def _keep_halo_waits_after_interior(graph: Any) -> None:
+    from dt_conv.overlap_pass import keep_halo_waits_after_interior
+
+    keep_halo_waits_after_interior(graph)
+
+
+@hookimpl
+def dt_graph_passes() -> list[GraphPass]:
+    from pathlib import Path
+
+    source = str(Path(__file__).with_name("overlap_pass.py"))  # in the pass's cache key
+    return [
+        GraphPass(
+            "halo-waits-after-interior",
+            _keep_halo_waits_after_interior,
+            stage="post_grad_post",
+            source_files=[source],
+        )
+    ]

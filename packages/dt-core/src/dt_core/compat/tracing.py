@@ -148,3 +148,13 @@ def run_torch_composite(op: Any, *args: Any) -> Any:
     if tracing_dispatch and key in op.py_kernels:
         return op.py_kernels[key](*args)
     return op._op_dk(key, *args)
+
+
+def order_after(graph: Any, extra_deps: dict[Any, Sequence[Any]]) -> None:
+    """Make each node of `extra_deps` run after the given nodes of the same post-grad FX
+    graph (torch's control_deps wrapper, which Inductor schedules and never fuses across)."""
+    ensure_supported_torch()
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    preserve_node_ordering(graph, {n: OrderedSet(deps) for n, deps in extra_deps.items()})
