@@ -57,11 +57,11 @@ HANDLERS = {
 
 
 def _outside_dynamo(fn: Callable[..., object]) -> Callable[..., object]:
-    """`fn`, never compiled by Dynamo. Under torch.compile a traced call is refused, so
-    Dynamo breaks the graph and runs the op eagerly; this keeps Dynamo from then compiling
-    our eager frames (the halo exchange) as if they were user code. The wrapper is made
-    only once torch._dynamo is loaded: before that nothing compiles, and it costs a lot
-    to import."""
+    """`fn`, never compiled by Dynamo as user code. Dynamo traces DTensor ops by running
+    them on fake tensors (the handlers trace through functional collectives); where a
+    compiled function runs DTensor ops eagerly (after a graph break), this keeps Dynamo
+    from compiling the handlers' own frames. The wrapper is made only once torch._dynamo
+    is loaded: before that nothing compiles, and it costs a lot to import."""
     wrapped: Callable[..., object] | None = None
 
     def call(*args: Any) -> object:
