@@ -136,7 +136,7 @@ def measure_unet(size: int, reps: int) -> dict[str, float]:
 def unet_rows(world: Any, quick: bool) -> list[dict[str, Any]]:
     """Compiled sharded UNet vs eager sharded, compiled local-only and gather-then-compiled."""
     size = 128 if quick else 512
-    ranks = world.run(measure_unet, size, 3 if quick else 5)
+    ranks = world.run(measure_unet, size, 3 if quick else 5, timeout=1800)  # compiles
     m = {k: max(r[k] for r in ranks) for k in ranks[0]}
     shape = f"UNet 1x{UNET_CHANNELS}x{size}x{size}, fp32, {RANKS} ranks, inductor"
     row = {"metric": "fwd+bwd step time", "value": m["compiled_s"], "unit": "s", "notes": shape}
