@@ -24,7 +24,7 @@ def compare(
     placements: list,
     params: list[torch.Tensor],
     backend: str = "aot_eager",
-    param_placements: list | None = None,
+    param_placements: list[list] | None = None,
 ) -> None:
     """fn(x, *params) compiled with fullgraph on DTensors == eager fn on full tensors
     (values, output placements = input placements, every gradient)."""
@@ -40,8 +40,14 @@ def compare(
 
     rep = [Replicate()] * mesh.ndim
     xd = distribute_tensor(x, mesh, placements).requires_grad_(True)
-    pd = [distribute_tensor(p, mesh, param_placements or rep).requires_grad_(True) for p in params]
+    layouts = param_placements or [rep] * len(params)
+    pd = [
+        distribute_tensor(p, mesh, pl).requires_grad_(True)
+        for p, pl in zip(params, layouts, strict=True)
+    ]
     got = torch.compile(fn, backend=backend, fullgraph=True)(xd, *pd)
+    if any(p.is_partial() for p in got.placements):  # input-channel sharding: sum it
+        got = got.redistribute(mesh, [Replicate() if p.is_partial() else p for p in got.placements])
     if param_placements is None:
         assert tuple(got.placements) == tuple(placements), got.placements
     gd = distribute_tensor(g, mesh, list(got.placements))
@@ -89,8 +95,8 @@ def ops_3d(x: torch.Tensor, w: torch.Tensor):  # type: ignore[no-untyped-def]
     return F.interpolate(y, scale_factor=2, mode="trilinear")
 
 
-def channel_conv(x: torch.Tensor, w: torch.Tensor):  # type: ignore[no-untyped-def]
-    return F.conv2d(x, w, padding=1)
+def channel_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor):  # type: ignore[no-untyped-def]
+    return F.conv2d(x, w, b, padding=1)
 
 
 @pytest.mark.ranks(2)
@@ -112,14 +118,24 @@ def test_every_op_kind_compiles_fullgraph_on_2_ranks() -> None:
         compare(window_ops_2d, mesh, _randn(1, 2, 11, 9), placements, ops_params)
     compare(ops_1d, mesh, _randn(2, 2, 13), [Shard(2)], [_randn(3, 2, 3, seed=6)])
     compare(ops_3d, mesh, _randn(1, 2, 5, 7, 6), [Shard(3)], [_randn(2, 2, 3, 3, 3, seed=7)])
-    # output-channel sharded weight: the output is channel sharded (no halo)
+    # output-channel sharded weight and bias: the output is channel sharded (no halo);
+    # the local backward's bias sizes are the local channels (traced kernels use them)
     compare(
         channel_conv,
         mesh,
         _randn(1, 3, 6, 5),
         [Replicate()],
-        [_randn(4, 3, 3, 3, seed=8)],
-        param_placements=[Shard(0)],
+        [_randn(4, 3, 3, 3, seed=8), _randn(4, seed=9)],
+        param_placements=[[Shard(0)], [Shard(0)]],
+    )
+    # input-channel sharded input and weight: per-rank partial sums (Partial output)
+    compare(
+        channel_conv,
+        mesh,
+        _randn(1, 4, 6, 5),
+        [Shard(1)],
+        [_randn(3, 4, 3, 3, seed=10), _randn(3, seed=11)],
+        param_placements=[[Shard(1)], [Replicate()]],
     )
 
 

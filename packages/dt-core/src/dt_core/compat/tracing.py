@@ -116,15 +116,6 @@ def inductor_code(fn: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
     return run_and_get_code(fn, *args)
 
 
-def graph_break_reasons(fn: Callable[..., Any], *args: Any) -> list[str]:
-    """Why Dynamo breaks the graph of `fn(*args)`, one line per break (`explain`)."""
-    ensure_supported_torch()
-    import torch._dynamo
-
-    explained = torch._dynamo.explain(fn)(*args)
-    return [str(b.reason) for b in explained.break_reasons]
-
-
 @contextmanager
 def below_autograd() -> Iterator[None]:
     """Dispatch the block's ops past the autograd keys (an autograd.Function's forward
