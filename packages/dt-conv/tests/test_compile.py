@@ -99,10 +99,14 @@ def channel_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor):  # type: ig
     return F.conv2d(x, w, b, padding=1)
 
 
+def transposed(x: torch.Tensor, w: torch.Tensor):  # type: ignore[no-untyped-def]
+    return F.conv_transpose2d(x, w, stride=2, padding=1)
+
+
 @pytest.mark.ranks(2)
 def test_every_op_kind_compiles_fullgraph_on_2_ranks() -> None:
     """Uneven shards (11 rows on 2 ranks), 1-D, 2-D and 3-D ops, every pad mode,
-    pooling, interpolation, transposed conv; a channel-sharded conv; the issue's net."""
+    pooling, interpolation, transposed conv; channel-sharded convs; a fallback."""
     from torch.distributed.tensor import Replicate, Shard
 
     torch.set_num_threads(1)
@@ -128,6 +132,8 @@ def test_every_op_kind_compiles_fullgraph_on_2_ranks() -> None:
         [_randn(4, 3, 3, 3, seed=8), _randn(4, seed=9)],
         param_placements=[[Shard(0)], [Shard(0)]],
     )
+    # a fallback (transposed conv on channel-sharded input: replicated, exact) traces too
+    compare(transposed, mesh, _randn(1, 4, 5, 6), [Shard(1)], [_randn(4, 3, 3, 3, seed=12)])
     # input-channel sharded input and weight: per-rank partial sums (Partial output)
     compare(
         channel_conv,
