@@ -3,7 +3,10 @@
 Against, in the same run: (a) all-gather the image, then the unsharded convs on every
 rank (what a user does without the plugin), and (b) the convs on the local shard alone,
 with no communication (wrong at the seams; the limit). Also the bytes each rank sends
-per conv against an all-gather's. Writes the JSON the report tool reads.
+per conv against an all-gather's. Then a small UNet (convs, max pool, bilinear up, skip
+concat) compiled with inductor (fullgraph), sharded, against the same UNet eager
+sharded, compiled on the local shard alone (the limit), and all-gather then compiled.
+Writes the JSON the report tool reads.
 
     python packages/dt-conv/benchmarks/run.py [--quick] --json OUT.json
 """
@@ -82,6 +85,89 @@ def measure(size: int, reps: int) -> dict[str, float]:
     return result
 
 
+UNET_CHANNELS = 16
+
+
+def _unet(x: Any, p: list) -> Any:
+    """Small UNet: down convs, max pool, bilinear up, skip concat, up convs."""
+    import torch
+    import torch.nn.functional as F
+
+    d1 = F.relu(F.conv2d(F.relu(F.conv2d(x, p[0], padding=1)), p[1], padding=1))
+    d2 = F.relu(F.conv2d(F.max_pool2d(d1, 2), p[2], padding=1))
+    up = F.interpolate(d2, scale_factor=2, mode="bilinear")
+    u = F.relu(F.conv2d(torch.cat([up, d1], 1), p[3], padding=1))
+    return F.conv2d(u, p[4], padding=1)
+
+
+def measure_unet(size: int, reps: int) -> dict[str, float]:
+    """Runs on every rank: fwd+bwd of the UNet, eager and compiled (inductor)."""
+    import torch
+    from dt_core.testing import cpu_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.set_num_threads(1)
+    mesh = cpu_mesh(RANKS)
+    c = UNET_CHANNELS
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(c, c, 3, 3), (c, c, 3, 3), (2 * c, c, 3, 3), (c, 3 * c, 3, 3), (c, c, 3, 3)]
+    params = [torch.randn(s, generator=gen) * 0.05 for s in shapes]
+    image = torch.randn(1, c, size, size, generator=gen)
+    pd = [distribute_tensor(w, mesh, [Replicate()]).requires_grad_() for w in params]
+    pl = [w.clone().requires_grad_() for w in params]
+    xd = distribute_tensor(image, mesh, [Shard(2)]).requires_grad_()
+    local_shard = xd.detach().to_local().clone().requires_grad_()
+    compiled = torch.compile(_unet, backend="inductor", fullgraph=True)
+    compiled_local = torch.compile(_unet, backend="inductor", fullgraph=True)
+    compiled_gathered = torch.compile(_unet, backend="inductor", fullgraph=True)
+
+    def gathered() -> None:
+        full = xd.detach().full_tensor().requires_grad_()
+        compiled_gathered(full, pl).sum().backward()
+
+    return {
+        "eager_s": _timed(lambda: _unet(xd, pd).to_local().sum().backward(), reps),
+        "compiled_s": _timed(lambda: compiled(xd, pd).to_local().sum().backward(), reps),
+        "local_s": _timed(lambda: compiled_local(local_shard, pl).sum().backward(), reps),
+        "gather_s": _timed(gathered, reps),
+    }
+
+
+def unet_rows(world: Any, quick: bool) -> list[dict[str, Any]]:
+    """Compiled sharded UNet vs eager sharded, compiled local-only and gather-then-compiled."""
+    size = 128 if quick else 512
+    ranks = world.run(measure_unet, size, 3 if quick else 5, timeout=1800)  # compiles
+    m = {k: max(r[k] for r in ranks) for k in ranks[0]}
+    shape = f"UNet 1x{UNET_CHANNELS}x{size}x{size}, fp32, {RANKS} ranks, inductor"
+    row = {"metric": "fwd+bwd step time", "value": m["compiled_s"], "unit": "s", "notes": shape}
+    return [
+        {
+            **row,
+            "name": "compiled sharded UNet vs eager sharded",
+            "baseline": "the same sharded UNet, eager",
+            "baseline_value": m["eager_s"],
+            "ratio": m["eager_s"] / m["compiled_s"],
+            "target": ">= 1.2x faster",
+        },
+        {
+            **row,
+            "name": "compiled sharded UNet vs compiled local-only (the limit)",
+            "baseline": "compiled UNet on the local shard, no communication",
+            "baseline_value": m["local_s"],
+            "ratio": m["compiled_s"] / m["local_s"],
+            "target": "<= 1.1x slower",
+        },
+        {
+            **row,
+            "name": "compiled sharded UNet vs all-gather then compiled UNet",
+            "baseline": "all-gather the image, compiled unsharded UNet on every rank",
+            "baseline_value": m["gather_s"],
+            "ratio": m["gather_s"] / m["compiled_s"],
+            "target": "faster",
+        },
+    ]
+
+
 def run(quick: bool) -> dict[str, Any]:
     from dt_core.testing import get_world, shutdown_worlds
 
@@ -94,6 +180,7 @@ def run(quick: bool) -> dict[str, Any]:
         for size in sorted(set(sizes) | {main}):
             ranks = world.run(measure, size, reps)
             per_size[size] = {k: max(r[k] for r in ranks) for k in ranks[0]}
+        compiled_rows = unet_rows(world, quick)
     finally:
         shutdown_worlds()
     m = per_size[main]
@@ -133,6 +220,7 @@ def run(quick: bool) -> dict[str, Any]:
             "notes": shape,
         },
     ]
+    rows += compiled_rows
     xs = sorted(per_size)
     series = [
         {

@@ -119,11 +119,14 @@ def _local_backward(
     mask: list[bool],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     nspatial = len(plan.stride)
+    # the local bias gradient has this rank's output channels, not the global bias's
+    # (eager kernels ignore the sizes; traced ones shape the result by them)
+    local_bias_sizes = [g.shape[1]] if bias_sizes is not None else None
     return aten.convolution_backward(
         g,
         window,
         w,
-        bias_sizes,
+        local_bias_sizes,
         plan.stride,
         plan.local_padding,
         plan.dilation,

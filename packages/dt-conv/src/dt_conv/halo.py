@@ -1,9 +1,14 @@
-"""Point-to-point halo exchange along one mesh dim, and its adjoint for gradients.
+"""Halo exchange along one mesh dim, and its adjoint for gradients.
 
 Every rank derives all ranks' owned rows and windows from global shapes (`DimSplit`),
 so each pair knows exactly which rows go where: a peer receives only the data rows its
 window copies (thin shards whose halo spans several neighbours, reflected and wrapped
 rows included), and fill rows travel nowhere. Uses the mesh dim's own process group.
+
+Each exchange is one all-to-all (torch's functional collectives, through
+`dt_core.compat.tracing`) with zero rows to and from non-neighbours: the same two ops,
+start and wait, run eagerly and in a torch.compile graph, so a caller computing between
+them overlaps the exchange in both.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from dt_core.compat import tracing
+from dt_core.tracing import is_tracing
 from torch.distributed.device_mesh import DeviceMesh
 
 from .geometry import DimSplit
@@ -104,24 +111,54 @@ def _select(t: torch.Tensor, dim: int, rows: tuple[int, ...]) -> torch.Tensor:
     return t.index_select(dim, torch.tensor(rows, device=t.device))
 
 
-def _count(ops: list[dist.P2POp]) -> None:
-    for op in ops:
-        if op.op is dist.isend:
-            traffic["bytes_sent"] += op.tensor.numel() * op.tensor.element_size()
+def _count(t: torch.Tensor) -> None:
+    if not is_tracing(t):  # a compiled graph sends at run time, not while traced
+        traffic["bytes_sent"] += t.numel() * t.element_size()
 
 
-def _run(ops: list[dist.P2POp]) -> None:
-    _count(ops)
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+def _group(mesh: DeviceMesh, split: DimSplit) -> tuple[dist.ProcessGroup, int]:
+    return mesh.get_group(split.mesh_dim), mesh.get_local_rank(split.mesh_dim)
 
 
-def _peers(mesh: DeviceMesh, split: DimSplit) -> tuple[dist.ProcessGroup, int, list[int]]:
-    group = mesh.get_group(split.mesh_dim)
-    me = mesh.get_local_rank(split.mesh_dim)
-    ranks = [dist.get_global_rank(group, r) for r in range(split.parts)]
-    return group, me, ranks
+@functools.lru_cache(maxsize=512)
+def _anyone_exchanges(split: DimSplit) -> bool:
+    """Whether any rank of the split receives anything. All ranks agree (global
+    metadata), so an exchange nobody needs issues no collective on any rank."""
+    return any(exchange_plan(split, r).recvs for r in range(split.parts))
+
+
+class _AllToAll:
+    """One started all-to-all along tensor dim `dim`: `pieces[r]` goes to peer `r` and
+    `counts[r]` rows come back from it."""
+
+    def __init__(
+        self,
+        like: torch.Tensor,
+        dim: int,
+        pieces: dict[int, torch.Tensor],
+        counts: dict[int, int],
+        parts: int,
+        group: dist.ProcessGroup,
+    ) -> None:
+        send_rows = [pieces[r].shape[dim] if r in pieces else 0 for r in range(parts)]
+        self.recv_rows = [counts.get(r, 0) for r in range(parts)]
+        if pieces:
+            send = torch.cat([pieces[r].movedim(dim, 0) for r in sorted(pieces)])
+        else:
+            send = like.movedim(dim, 0).narrow(0, 0, 0)
+        _count(send)
+        self.dim = dim
+        self.started = tracing.start_all_to_all(send, self.recv_rows, send_rows, group)
+
+    def wait(self) -> dict[int, torch.Tensor]:
+        """Peer -> the rows it sent, laid out like the input."""
+        out = tracing.wait(self.started)
+        received, offset = {}, 0
+        for r, n in enumerate(self.recv_rows):
+            if n:
+                received[r] = out.narrow(0, offset, n).movedim(0, self.dim)
+            offset += n
+        return received
 
 
 def _piece(seg: Segment, source: torch.Tensor, dim: int) -> torch.Tensor:
@@ -140,29 +177,25 @@ class PendingWindow:
     def __init__(
         self, local: torch.Tensor, split: DimSplit, mesh: DeviceMesh, fill_value: float
     ) -> None:
-        group, me, ranks = _peers(mesh, split)
+        group, me = _group(mesh, split)
         self.plan, self.dim, self.local, self.fill_value = (
             exchange_plan(split, me),
             split.dim,
             local,
             fill_value,
         )
-        ops = [
-            dist.P2POp(dist.isend, _select(local, self.dim, rows), ranks[r], group)
-            for r, rows in self.plan.sends
-        ]
-        self.buffers = [local.new_empty(_resized(local, self.dim, n)) for _, n in self.plan.recvs]
-        ops += [
-            dist.P2POp(dist.irecv, b, ranks[r], group)
-            for (r, _), b in zip(self.plan.recvs, self.buffers, strict=True)
-        ]
-        _count(ops)
-        self.requests = dist.batch_isend_irecv(ops) if ops else []
+        self.buffers: list[torch.Tensor] = []
+        self.pending: _AllToAll | None = None
+        if _anyone_exchanges(split):
+            pieces = {r: _select(local, self.dim, rows) for r, rows in self.plan.sends}
+            counts = dict(self.plan.recvs)
+            self.pending = _AllToAll(local, self.dim, pieces, counts, split.parts, group)
 
     def wait(self) -> PendingWindow:
-        for req in self.requests:
-            req.wait()
-        self.requests = []
+        if self.pending is not None:
+            received = self.pending.wait()
+            self.buffers = [received[r] for r, _ in self.plan.recvs]
+            self.pending = None
         return self
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
@@ -199,12 +232,12 @@ def gather_window(
 class PendingScatter:
     """Window gradients on their way home (`scatter_add_window` split in two halves).
 
-    The own rows are summed and the sends posted at construction; `finish()` waits and
-    adds what the peers sent. A caller computes something else in between (overlap).
+    The own rows are summed and the exchange started at construction; `finish()` waits
+    and adds what the peers sent. A caller computes something else in between (overlap).
     """
 
     def __init__(self, grad_window: torch.Tensor, split: DimSplit, mesh: DeviceMesh) -> None:
-        group, me, ranks = _peers(mesh, split)
+        group, me = _group(mesh, split)
         plan, dim = exchange_plan(split, me), split.dim
         mine = split.owned_in(me)
         out = grad_window.new_zeros(_resized(grad_window, dim, mine[1] - mine[0]))
@@ -218,28 +251,21 @@ class PendingScatter:
             target = out if seg.source == OWN else back[seg.source]
             first, length = seg.rows()
             target.narrow(dim, first, length).add_(part.flip(dim) if seg.step < 0 else part)
-        ops = [
-            dist.P2POp(dist.isend, b, ranks[r], group)
-            for (r, _), b in zip(plan.recvs, back, strict=True)
-        ]
-        self.received = [
-            grad_window.new_empty(_resized(grad_window, dim, len(rows))) for _, rows in plan.sends
-        ]
-        ops += [
-            dist.P2POp(dist.irecv, buf, ranks[r], group)
-            for (r, _), buf in zip(plan.sends, self.received, strict=True)
-        ]
-        _count(ops)
-        self.requests = dist.batch_isend_irecv(ops) if ops else []
+        self.pending: _AllToAll | None = None
+        if _anyone_exchanges(split):
+            pieces = {r: b for (r, _), b in zip(plan.recvs, back, strict=True)}
+            counts = {r: len(rows) for r, rows in plan.sends}
+            self.pending = _AllToAll(grad_window, dim, pieces, counts, split.parts, group)
         self.out, self.dim, self.sends = out, dim, plan.sends
-        self.sending = back  # isend buffers must outlive the requests
 
     def finish(self) -> torch.Tensor:
         """This rank's rows of the gradient, everyone's contributions summed."""
-        for req in self.requests:
-            req.wait()
-        for (_, rows), buf in zip(self.sends, self.received, strict=True):
-            self.out.index_add_(self.dim, torch.tensor(rows, device=self.out.device), buf)
+        if self.pending is None:
+            return self.out
+        received = self.pending.wait()
+        for r, rows in self.sends:
+            index = torch.tensor(rows, device=self.out.device)
+            self.out.index_add_(self.dim, index, received[r])
         return self.out
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from dt_core.compat.tracing import no_dispatch_modes
 from torch.distributed.tensor import DTensor
 
 from . import spatial
@@ -56,7 +57,20 @@ def dim_table(
     scale: float | None,
     dtype: torch.dtype,
 ) -> DimTable:
-    """torch's own source rows and weights for one dim, read off its 1-D kernel."""
+    """torch's own source rows and weights for one dim, read off its 1-D kernel (run on
+    real probe tensors even while tracing: the table is metadata, not graph)."""
+    with no_dispatch_modes():
+        return _probe_table(kind, size, out, align_corners, scale, dtype)
+
+
+def _probe_table(
+    kind: str,
+    size: int,
+    out: int,
+    align_corners: bool | None,
+    scale: float | None,
+    dtype: torch.dtype,
+) -> DimTable:
     probe_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     if kind != "linear":
         ramp = torch.arange(size, dtype=probe_dtype).reshape(1, 1, size)

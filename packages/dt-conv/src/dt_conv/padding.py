@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 from . import spatial
 from .geometry import Affine, DimSplit, Fill
 from .plan import Splitter, plan_spatial
-from .validate import raise_like_torch, refuse_tracing
+from .validate import raise_like_torch, simulated_ranks
 from .wrap import bind
 
 
@@ -152,8 +152,9 @@ class _CircularPad(torch.autograd.Function):
 def circular_pad(x: DTensor, pad: Sequence[int]) -> torch.Tensor:
     """`_pad_circular` for a DTensor: halo path where exact, else torch's own (gathers)."""
     pad = list(pad)
-    refuse_tracing("aten._pad_circular", (x,), {})
     raise_like_torch(torch.ops.aten._pad_circular.default, (x, pad), {})
+    if simulated_ranks((x,), {}):
+        return _decompose_circular(x, pad)  # torch's own composite: exact on any rank
     op = _window_op(x, x.shape, pad, "circular", _decompose_circular, _circular_vjp)
     if isinstance(op, str):
         from .fallback import warn_fallback

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dt_core import LibraryOps, OpHandler, hookimpl
+from dt_core import GraphPass, LibraryOps, OpHandler, hookimpl
 
 DT_API = ">=1.0,<2"  # dt-core hook API this plugin is written for
 
@@ -59,11 +59,11 @@ HANDLERS = {
 
 
 def _outside_dynamo(fn: Callable[..., object]) -> Callable[..., object]:
-    """`fn`, never compiled by Dynamo. Under torch.compile a traced call is refused, so
-    Dynamo breaks the graph and runs the op eagerly; this keeps Dynamo from then compiling
-    our eager frames (the halo exchange) as if they were user code. The wrapper is made
-    only once torch._dynamo is loaded: before that nothing compiles, and it costs a lot
-    to import."""
+    """`fn`, never compiled by Dynamo as user code. Dynamo traces DTensor ops by running
+    them on fake tensors (the handlers trace through functional collectives); where a
+    compiled function runs DTensor ops eagerly (after a graph break), this keeps Dynamo
+    from compiling the handlers' own frames. The wrapper is made only once torch._dynamo
+    is loaded: before that nothing compiles, and it costs a lot to import."""
     wrapped: Callable[..., object] | None = None
 
     def call(*args: Any) -> object:
@@ -84,9 +84,12 @@ def _lazy(target: str) -> Callable[..., object]:
 
     def run(op_call: Any, args: tuple, kwargs: dict) -> object:
         validate = importlib.import_module("dt_conv.validate")
-        validate.refuse_tracing(str(op_call), args, kwargs)
         if "backward" not in op_call.__name__:  # backward runs only after forward passed
             validate.raise_like_torch(op_call, args, kwargs)
+        if validate.simulated_ranks(args, kwargs):
+            from dt_conv.fallback import replicated_op
+
+            return replicated_op(str(op_call), op_call, args, kwargs)
         return getattr(importlib.import_module(f"dt_conv.{module}"), name)(op_call, args, kwargs)
 
     handler = _outside_dynamo(run)
@@ -117,14 +120,41 @@ def _pad_circular(x: Any, pad: Any) -> Any:
     return torch.ops.aten._pad_circular.default.decompose(x, pad)
 
 
+# `F.interpolate`'s composite entry ops, decomposed by torch's Python dispatcher while
+# tracing unless dt-conv's autograd kernel takes DTensors first (`interpolate_vec`).
+UPSAMPLE_VEC = tuple(
+    f"{op}{n}d"
+    for op, ns in (
+        ("upsample_linear", (1,)),
+        ("upsample_bilinear", (2,)),
+        ("upsample_trilinear", (3,)),
+        ("upsample_nearest", (1, 2, 3)),
+        ("_upsample_nearest_exact", (1, 2, 3)),
+    )
+    for n in ns
+)
+
+
+def _upsample_vec_kernel(name: str) -> Callable[..., object]:
+    def kernel(x: Any, *args: Any) -> object:
+        from dt_conv.interpolate_vec import upsample_vec
+
+        return upsample_vec(name, x, *args)
+
+    return kernel
+
+
 def _define_composites(lib: Any) -> None:
     for key in COMPOSITE_KEYS:
         lib.impl("_pad_circular", _pad_circular, key)
+        for name in UPSAMPLE_VEC:
+            lib.impl(f"{name}.vec", _upsample_vec_kernel(name), key)
 
 
 @hookimpl
 def dt_library_ops() -> list[LibraryOps]:
     ops = [f"aten::_pad_circular@{key}" for key in COMPOSITE_KEYS]
+    ops += [f"aten::{name}.vec@{key}" for name in UPSAMPLE_VEC for key in COMPOSITE_KEYS]
     return [LibraryOps("aten", _define_composites, ops=ops, kind="IMPL")]
 
 
@@ -134,3 +164,24 @@ def dt_op_handlers() -> list[OpHandler]:
 
     aten = torch.ops.aten
     return [OpHandler(getattr(aten, op).default, _lazy(t)) for op, t in HANDLERS.items()]
+
+
+def _keep_halo_waits_after_interior(graph: Any) -> None:
+    from dt_conv.overlap_pass import keep_halo_waits_after_interior
+
+    keep_halo_waits_after_interior(graph)
+
+
+@hookimpl
+def dt_graph_passes() -> list[GraphPass]:
+    from pathlib import Path
+
+    source = str(Path(__file__).with_name("overlap_pass.py"))  # in the pass's cache key
+    return [
+        GraphPass(
+            "halo-waits-after-interior",
+            _keep_halo_waits_after_interior,
+            stage="post_grad_post",
+            source_files=[source],
+        )
+    ]

@@ -1,0 +1,151 @@
+"""Private torch APIs for telling tracing from eager work, and traceable collectives.
+
+Checked against torch 2.13.0 (the range in `dt_core.compat.TESTED_TORCH_RANGE`); every
+function calls `ensure_supported_torch()` before its first private access.
+
+Tracing here means a tracer is recording ops instead of running them on data: Dynamo
+compiling a frame, make_fx / AOTAutograd (the proxy mode), fake tensors (FakeTensorMode,
+or FakeTensor values), functionalization (FunctionalTensorMode, FunctionalTensor values).
+Wrapper subclasses that run eagerly on real data (DTensor, LocalTensor,
+AsyncCollectiveTensor, ...) are not tracing by themselves; they are when the tensors
+they wrap are.
+
+The collectives are torch's functional c10d ops (`torch.ops._c10d_functional.*`): a
+start op that returns at once and a `wait_tensor`, the same two ops eagerly and in a
+traced graph, so a caller can place the wait after independent compute and the
+compiled graph keeps that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from . import ensure_supported_torch
+
+
+def tracer_modes_active() -> bool:
+    """Whether Dynamo is compiling or a proxy / fake / functional dispatch mode is on."""
+    ensure_supported_torch()
+    import torch
+
+    if torch.compiler.is_compiling():
+        return True
+    keys = torch._C._TorchDispatchModeKey
+    return any(
+        torch._C._get_dispatch_mode(k) is not None for k in (keys.PROXY, keys.FAKE, keys.FUNCTIONAL)
+    )
+
+
+def tracer_tensor_types() -> tuple[type, ...]:
+    """The tensor types whose values only exist inside a trace."""
+    ensure_supported_torch()
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return FakeTensor, FunctionalTensor
+
+
+def inner_tensors(t: Any) -> list[Any]:
+    """The tensors a traceable wrapper subclass holds (empty for plain tensors)."""
+    ensure_supported_torch()
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(t):
+        return []
+    names, _ = t.__tensor_flatten__()
+    return [getattr(t, n) for n in names]
+
+
+def local_tensor_mode_active() -> bool:
+    """Whether torch's LocalTensorMode simulates several ranks in this process."""
+    ensure_supported_torch()
+    import sys
+
+    module = sys.modules.get("torch.distributed._local_tensor")
+    return module is not None and module.enabled_local_tensor_mode() is not None
+
+
+def local_tensor_type() -> type | None:
+    """torch's LocalTensor class (one tensor per simulated rank), if this torch has it."""
+    ensure_supported_torch()
+    try:
+        from torch.distributed._local_tensor import LocalTensor
+    except ImportError:  # pragma: no cover - depends on the torch build
+        return None
+    return LocalTensor
+
+
+@contextmanager
+def no_dispatch_modes() -> Iterator[None]:
+    """Run a block with every Python dispatch mode popped (no tracer records it): for
+    shape checks on meta tensors that must not enter a traced graph."""
+    ensure_supported_torch()
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        yield
+
+
+def start_all_to_all(
+    t: Any, output_split_sizes: Sequence[int], input_split_sizes: Sequence[int], group: Any
+) -> Any:
+    """Start an all-to-all of `t` split along dim 0; the result is valid after `wait`."""
+    ensure_supported_torch()
+    import torch
+
+    return torch.ops._c10d_functional.all_to_all_single(
+        t.contiguous(), list(output_split_sizes), list(input_split_sizes), group.group_name
+    )
+
+
+def wait(t: Any) -> Any:
+    """Wait for a collective started by `start_all_to_all`; returns its result."""
+    ensure_supported_torch()
+    import torch
+
+    return torch.ops._c10d_functional.wait_tensor(t)
+
+
+def inductor_code(fn: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
+    """Run a compiled `fn(*args)` and return (result, the Python code Inductor wrote)."""
+    ensure_supported_torch()
+    from torch._inductor.utils import run_and_get_code
+
+    return run_and_get_code(fn, *args)
+
+
+@contextmanager
+def below_autograd() -> Iterator[None]:
+    """Dispatch the block's ops past the autograd keys (an autograd.Function's forward
+    calling an op whose autograd kernel would decompose it while tracing)."""
+    ensure_supported_torch()
+    import torch
+
+    with torch._C._AutoDispatchBelowAutograd():
+        yield
+
+
+def run_torch_composite(op: Any, *args: Any) -> Any:
+    """`op`'s own CompositeImplicitAutograd kernel, as torch picks it: the Python
+    decomposition while the Python dispatcher is on (tracing), else the C++ one."""
+    ensure_supported_torch()
+    import torch
+    from torch._C import DispatchKey
+
+    key = DispatchKey.CompositeImplicitAutograd
+    tracing_dispatch = torch._C._dispatch_tls_is_dispatch_key_included(DispatchKey.PythonDispatcher)
+    if tracing_dispatch and key in op.py_kernels:
+        return op.py_kernels[key](*args)
+    return op._op_dk(key, *args)
+
+
+def order_after(graph: Any, extra_deps: dict[Any, Sequence[Any]]) -> None:
+    """Make each node of `extra_deps` run after the given nodes of the same post-grad FX
+    graph (torch's control_deps wrapper, which Inductor schedules and never fuses across)."""
+    ensure_supported_torch()
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch.utils._ordered_set import OrderedSet
+
+    preserve_node_ordering(graph, {n: OrderedSet(deps) for n, deps in extra_deps.items()})
