@@ -1,7 +1,7 @@
 """Private torch APIs for telling tracing from eager work, and traceable collectives.
 
-Checked against torch 2.13.0 (the range in `dt_core.compat.TESTED_TORCH_RANGE`); every
-function calls `ensure_supported_torch()` before its first private access.
+Checked against torch 2.13.x (`CHECKED_WITH_TORCH`); every function passes it to the
+shared version check before its first private access.
 
 Tracing here means a tracer is recording ops instead of running them on data: Dynamo
 compiling a frame, make_fx / AOTAutograd (the proxy mode), fake tensors (FakeTensorMode,
@@ -24,10 +24,12 @@ from typing import Any
 
 from . import ensure_supported_torch
 
+CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+
 
 def tracer_modes_active() -> bool:
     """Whether Dynamo is compiling or a proxy / fake / functional dispatch mode is on."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch
 
     if torch.compiler.is_compiling():
@@ -40,7 +42,7 @@ def tracer_modes_active() -> bool:
 
 def tracer_tensor_types() -> tuple[type, ...]:
     """The tensor types whose values only exist inside a trace."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
 
@@ -49,7 +51,7 @@ def tracer_tensor_types() -> tuple[type, ...]:
 
 def inner_tensors(t: Any) -> list[Any]:
     """The tensors a traceable wrapper subclass holds (empty for plain tensors)."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     if not is_traceable_wrapper_subclass(t):
@@ -60,7 +62,7 @@ def inner_tensors(t: Any) -> list[Any]:
 
 def local_tensor_mode_active() -> bool:
     """Whether torch's LocalTensorMode simulates several ranks in this process."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import sys
 
     module = sys.modules.get("torch.distributed._local_tensor")
@@ -69,7 +71,7 @@ def local_tensor_mode_active() -> bool:
 
 def local_tensor_type() -> type | None:
     """torch's LocalTensor class (one tensor per simulated rank), if this torch has it."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     try:
         from torch.distributed._local_tensor import LocalTensor
     except ImportError:  # pragma: no cover - depends on the torch build
@@ -81,7 +83,7 @@ def local_tensor_type() -> type | None:
 def no_dispatch_modes() -> Iterator[None]:
     """Run a block with every Python dispatch mode popped (no tracer records it): for
     shape checks on meta tensors that must not enter a traced graph."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
@@ -92,7 +94,7 @@ def start_all_to_all(
     t: Any, output_split_sizes: Sequence[int], input_split_sizes: Sequence[int], group: Any
 ) -> Any:
     """Start an all-to-all of `t` split along dim 0; the result is valid after `wait`."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch
 
     return torch.ops._c10d_functional.all_to_all_single(
@@ -102,7 +104,7 @@ def start_all_to_all(
 
 def wait(t: Any) -> Any:
     """Wait for a collective started by `start_all_to_all`; returns its result."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch
 
     return torch.ops._c10d_functional.wait_tensor(t)
@@ -110,7 +112,7 @@ def wait(t: Any) -> Any:
 
 def inductor_code(fn: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
     """Run a compiled `fn(*args)` and return (result, the Python code Inductor wrote)."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch._inductor.utils import run_and_get_code
 
     return run_and_get_code(fn, *args)
@@ -120,7 +122,7 @@ def inductor_code(fn: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
 def below_autograd() -> Iterator[None]:
     """Dispatch the block's ops past the autograd keys (an autograd.Function's forward
     calling an op whose autograd kernel would decompose it while tracing)."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch
 
     with torch._C._AutoDispatchBelowAutograd():
@@ -130,7 +132,7 @@ def below_autograd() -> Iterator[None]:
 def run_torch_composite(op: Any, *args: Any) -> Any:
     """`op`'s own CompositeImplicitAutograd kernel, as torch picks it: the Python
     decomposition while the Python dispatcher is on (tracing), else the C++ one."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch
     from torch._C import DispatchKey
 
@@ -144,7 +146,7 @@ def run_torch_composite(op: Any, *args: Any) -> Any:
 def order_after(graph: Any, extra_deps: dict[Any, Sequence[Any]]) -> None:
     """Make each node of `extra_deps` run after the given nodes of the same post-grad FX
     graph (torch's control_deps wrapper, which Inductor schedules and never fuses across)."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
     from torch.utils._ordered_set import OrderedSet
 
