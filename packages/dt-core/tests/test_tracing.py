@@ -26,6 +26,7 @@ SUBCLASS_MODULES = (
     "torch.nested._internal.nested_tensor",
     "torch.sparse.semi_structured",
     "torch.testing._internal.logging_tensor",
+    "torch.testing._internal.two_tensor",  # imported by torch's fake process group too
 )
 
 
@@ -70,6 +71,12 @@ def _logging() -> torch.Tensor:
     return LoggingTensor(torch.randn(2, 3))
 
 
+def _two_tensor() -> torch.Tensor:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    return TwoTensor(torch.randn(2, 3), torch.randn(2, 3))
+
+
 # class name -> (an instance factory, or None where one needs a process group / GPU;
 #               whether the subclass itself means "being traced")
 SUBCLASSES: dict[str, tuple[Callable[[], torch.Tensor] | None, bool]] = {
@@ -86,6 +93,7 @@ SUBCLASSES: dict[str, tuple[Callable[[], torch.Tensor] | None, bool]] = {
     "SparseSemiStructuredTensorCUSPARSELT": (None, False),
     "SparseSemiStructuredTensorCUTLASS": (None, False),
     "LoggingTensor": (_logging, False),
+    "TwoTensor": (_two_tensor, False),
     "LoggingTensorReentrant": (None, False),
 }
 
