@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from dt_core.kit import Counters
 
 from .layout import Range
 
@@ -29,8 +30,9 @@ MATH_TILE = 1 << 22
 MAX_RANGE_ROWS = 1024
 # The same when a BlockMask's sparsity can skip pieces (flex attention).
 SPARSE_RANGE_ROWS = 512
-# Work counters (score elements each rank computed), read by the benchmark.
-STATS = {"score_elements": 0}
+# dt-cp's counters (dt-core's kit): "score_elements", the (query, key) scores this
+# process computed, read by the benchmark and by `dt-plugins stats -- <command>`.
+COUNTERS = Counters("cp")
 
 
 @dataclass(frozen=True)
@@ -356,7 +358,7 @@ def block_forward(
         qn, kn = pos[1], pos[3]
         work = q.shape[0] * q.shape[1] * _pair_work(rel, qn, kn)
         if type(work) is int:  # not while tracing with symbolic shapes
-            STATS["score_elements"] += work
+            COUNTERS.add("score_elements", work)
         result = leaf(
             spec,
             q[:, :, ql : ql + qn],

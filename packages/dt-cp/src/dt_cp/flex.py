@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 from dt_core.dtensors import as_dtensor
+from dt_core.kit import replicated, warn_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec, autograd_vjp
-from .plan import batch_head_offsets, make_plan, warn_fallback
+from .plan import batch_head_offsets, make_plan
 from .sparsity import BlockVisibility
 
 LN2 = math.log(2.0)
@@ -141,7 +142,7 @@ def flex_attention(
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     plan = make_plan(query, key, value)
     if isinstance(plan, str):
-        warn_fallback("flex_attention", plan)
+        warn_fallback("cp", "flex_attention", plan)
         return _fallback(query, key, value, score, masked, scale, return_lse)
     b_off, h_off = batch_head_offsets(query)
     spec = AttentionSpec(
@@ -173,16 +174,17 @@ def _fallback(
     scale: float,
     return_lse: bool,
 ) -> Any:
-    """Exact but unsharded: replicate, run the local math path, reshard like `query`."""
+    """Exact but unsharded: replicate, run the local math path, reshard like `query`.
+
+    Not dt-core's `replicated_fallback`: the lse output keeps the query's sequence
+    sharding (it is 3-D, the kit would leave it replicated)."""
     mesh = query.device_mesh
     rep = [Replicate()] * mesh.ndim
-    full = [t.redistribute(mesh, rep) if isinstance(t, DTensor) else t for t in (key, value)]
-    q_full = query.redistribute(mesh, rep)
     vjp = autograd_vjp(score) if score is not None else None
     spec = AttentionSpec(scale, score_mod=score, mask_mod=masked, score_mod_vjp=vjp)
     shards = Shards.local(query.shape[2], key.shape[2])
     out, lse = _ContextParallelFlex.apply(
-        q_full.to_local(), full[0].to_local(), full[1].to_local(), spec, shards, "allgather"
+        replicated(query), replicated(key), replicated(value), spec, shards, "allgather"
     )
     target = [Replicate() if p.is_partial() else p for p in query.placements]
     out = as_dtensor(out, mesh, rep, out.shape).redistribute(mesh, target)

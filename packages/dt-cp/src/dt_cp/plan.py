@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from dt_core.dtensors import forget_warnings, warn_once
+from dt_core.kit import forget_fallback_warnings
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
@@ -29,18 +30,10 @@ from .torch_cp import (
 SEQ_DIM = 2
 
 
-def warn_fallback(what: str, reason: str) -> None:
-    """Warn once per (what, reason): the fallback is exact but not context parallel."""
-    warn_once(
-        f"dt-cp: {what}: {reason}",
-        f"dt-cp: {what} falls back to replicated q/k/v ({reason}); the result is exact "
-        "but every rank computes the whole attention",
-        stacklevel=4,
-    )
-
-
 def reset_warnings() -> None:
-    """Warn again about reasons already warned about (tests, long-running sessions)."""
+    """Warn again about reasons already warned about (tests, long-running sessions): the
+    replicated fallbacks (dt-core's kit) and the ring-under-compile note."""
+    forget_fallback_warnings("cp")
     forget_warnings("dt-cp:")
 
 

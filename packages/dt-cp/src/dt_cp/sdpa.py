@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 from dt_core.dtensors import as_dtensor
-from torch.distributed.tensor import DTensor, Partial, Replicate
+from dt_core.kit import bind_arguments, replicated_fallback
+from torch.distributed.tensor import DTensor, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec
@@ -27,7 +28,6 @@ from .plan import (
     make_plan,
     refuse_fallback_if_permuted,
     to_placements,
-    warn_fallback,
 )
 
 
@@ -77,19 +77,6 @@ BACKWARD: dict[str, BackwardOp] = {
 }
 
 
-def bind(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, object]:
-    """Every argument of `op_call` by name, defaults filled in."""
-    values: dict[str, object] = {}
-    for i, arg in enumerate(op_call._schema.arguments):
-        if i < len(args):
-            values[arg.name] = args[i]
-        elif arg.name in kwargs:
-            values[arg.name] = kwargs[arg.name]
-        else:
-            values[arg.name] = arg.default_value
-    return values
-
-
 def _spec(q: DTensor, k: DTensor, causal: bool, mask: object, scale: object) -> AttentionSpec:
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return AttentionSpec(
@@ -117,13 +104,12 @@ def _shards(plan: CpPlan, q: DTensor, k: DTensor) -> Shards:
 
 def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     info = FORWARD[op_call._schema.name.split("::")[-1]]
-    a = bind(op_call, args, kwargs)
+    a = bind_arguments(op_call, args, kwargs)
     q, k, v = a["query"], a["key"], a["value"]
     mask = a[info.mask_arg] if info.mask_arg else None
     plan = _plan(a, mask)
     if isinstance(plan, str):
-        warn_fallback("scaled_dot_product_attention", plan)
-        return _fallback(op_call, args, kwargs, (q,) * 2)
+        return replicated_fallback("cp", plan, op_call, args, kwargs, like=(q,))
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
     with torch.no_grad():
         out, lse, _ = run_forward(
@@ -145,7 +131,7 @@ def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -
 
 def backward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     info = BACKWARD[op_call._schema.name.split("::")[-1]]
-    a = bind(op_call, args, kwargs)
+    a = bind_arguments(op_call, args, kwargs)
     q, k, v = a["query"], a["key"], a["value"]
     mask = a[info.mask_arg] if info.mask_arg else None
     plan = _plan(a, mask)
@@ -153,8 +139,7 @@ def backward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) 
         plan = "attn_bias needs a gradient"
         refuse_fallback_if_permuted(plan, q, k, v)
     if isinstance(plan, str):
-        warn_fallback("scaled_dot_product_attention backward", plan)
-        return _fallback(op_call, args, kwargs, (q, k, v))
+        return replicated_fallback("cp", plan, op_call, args, kwargs, like=(q, k, v))
     mesh, pl = plan.mesh, plan.placements
     dout, out, lse = (to_placements(a[n], mesh, pl) for n in (info.grad_arg, "out", info.lse_arg))
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
@@ -165,32 +150,3 @@ def backward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) 
         as_dtensor(g.contiguous(), mesh, pl, t.shape) for g, t in zip(grads, (q, k, v), strict=True)
     )
     return wrapped + (None,) * (info.n_outputs - 3)
-
-
-def _replicated(t: object) -> object:
-    if isinstance(t, DTensor):
-        return t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim).to_local()
-    return t
-
-
-def _fallback(
-    op_call: torch._ops.OpOverload, args: tuple, kwargs: dict, like: tuple[object, ...]
-) -> object:
-    """Run the real op on replicated inputs; the first outputs resharded like `like`."""
-    mesh = next(t.device_mesh for t in (*args, *kwargs.values()) if isinstance(t, DTensor))
-    results = op_call(
-        *(_replicated(x) for x in args), **{key: _replicated(x) for key, x in kwargs.items()}
-    )
-    rep = [Replicate()] * mesh.ndim
-    wrapped = []
-    for i, r in enumerate(results):
-        if not isinstance(r, torch.Tensor):
-            wrapped.append(r)
-            continue
-        full = as_dtensor(r, mesh, rep, r.shape)
-        model = like[i] if i < len(like) else None
-        if isinstance(model, DTensor) and model.device_mesh == mesh:
-            target = [Replicate() if isinstance(p, Partial) else p for p in model.placements]
-            full = full.redistribute(mesh, target)
-        wrapped.append(full)
-    return tuple(wrapped)
