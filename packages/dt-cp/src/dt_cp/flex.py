@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from dt_core.dtensors import as_dtensor
@@ -118,16 +118,15 @@ def flex_attention(
     if not isinstance(query, DTensor):
         from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
-        return torch_flex(
-            query,
-            key,
-            value,
-            score_mod=score_mod,
-            block_mask=block_mask,
-            scale=scale,
-            enable_gqa=enable_gqa,
-            return_lse=return_lse,
-        )
+        if mask_mod is not None:  # torch's flex takes masks as a BlockMask only
+            if block_mask is not None:
+                raise ValueError("dt-cp: pass block_mask or mask_mod, not both")
+            q_len, kv_len = query.shape[2], key.shape[2]
+            block_mask = create_block_mask(mask_mod, None, None, q_len, kv_len, query.device)
+        options = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale}
+        if return_lse:
+            return torch_flex(query, key, value, **options, enable_gqa=enable_gqa, return_lse=True)
+        return torch_flex(query, key, value, **options, enable_gqa=enable_gqa)
     if key.shape[1] != query.shape[1] and not enable_gqa:
         raise ValueError(
             "dt-cp: query and key/value head counts differ; pass enable_gqa=True for GQA"
@@ -155,8 +154,9 @@ def flex_attention(
         visible=visible,
     )
     shards = plan.shards or Shards.local(query.shape[2], key.shape[2])
+    key_local, value_local = (cast(DTensor, t).to_local() for t in (key, value))  # planned
     out, lse = _ContextParallelFlex.apply(
-        query.to_local(), key.to_local(), value.to_local(), spec, shards, plan.algorithm
+        query.to_local(), key_local, value_local, spec, shards, plan.algorithm
     )
     b_, h_, n, _ = query.shape
     out = as_dtensor(out, plan.mesh, plan.placements, (b_, h_, n, value.shape[-1]))

@@ -98,7 +98,7 @@ def refuse_fallback_if_permuted(reason: str, *tensors: object) -> None:
 
 
 def _make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan | str:
-    if not all(isinstance(t, DTensor) for t in (q, k, v)):
+    if not (isinstance(q, DTensor) and isinstance(k, DTensor) and isinstance(v, DTensor)):
         return "q, k and v are not all DTensors"
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         return "q, k, v are not 4-D (batch, heads, sequence, dim)"
@@ -141,7 +141,7 @@ def _make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan |
         kv_layout = SequenceLayout(
             k.shape[SEQ_DIM], parts, settings.load_balancer, settings.documents
         )
-        algorithm = settings.algorithm
+        algorithm: str = settings.algorithm
     else:
         check_settings_agree(torch_state, settings)
         q_layout = torch_layout(torch_state, q.shape[SEQ_DIM], parts, "query", settings)
@@ -152,8 +152,21 @@ def _make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan |
             local = {"query": q.to_local(), "key": k.to_local(), "value": v.to_local()}
             check_even_local_lengths(local, parts, group)
         algorithm = torch_algorithm(torch_state, settings)
-    shards = Shards(q_layout, kv_layout, group, mesh.get_local_rank(cp))
+    shards = Shards(q_layout, kv_layout, group, mesh.get_local_rank(cp), _rank_groups(mesh, cp))
     return CpPlan(mesh, pq, cp, shards, choose_algorithm(algorithm, q))
+
+
+def _rank_groups(mesh: DeviceMesh, cp: int) -> tuple[tuple[int, ...], ...] | None:
+    """Every group along mesh dim `cp` (global ranks in group order), under LocalTensorMode
+    only: one process computes for all of them (`simulated.py`)."""
+    from dt_core.compat.local_tensor import enabled_mode, mode_disabled
+
+    mode = enabled_mode()
+    if mode is None:
+        return None
+    with mode_disabled(mode):
+        rows = mesh.mesh.movedim(cp, -1).reshape(-1, mesh.size(cp)).tolist()
+    return tuple(tuple(int(r) for r in row) for row in rows)
 
 
 def choose_algorithm(algorithm: str, like: DTensor) -> str:
@@ -195,6 +208,8 @@ def full_mask(mask: object, q_len: int, kv_len: int) -> torch.Tensor | None:
         return None
     if isinstance(mask, DTensor):
         mask = mask.full_tensor()
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"dt-cp: attn_mask must be a tensor, got {type(mask).__name__}")
     if mask.dim() < 2:
         return torch.broadcast_to(mask, (q_len, kv_len))
     return torch.broadcast_to(mask, (*mask.shape[:-2], q_len, kv_len))

@@ -12,8 +12,9 @@ outputs (RNG state, sequence offsets) are placeholders only our backward reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from dt_core.dtensors import as_dtensor
@@ -77,10 +78,9 @@ BACKWARD: dict[str, BackwardOp] = {
 }
 
 
-def _spec(q: DTensor, k: DTensor, causal: bool, mask: object, scale: object) -> AttentionSpec:
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+def _spec(q: DTensor, k: DTensor, causal: object, mask: object, scale: object) -> AttentionSpec:
     return AttentionSpec(
-        scale=scale,
+        scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(cast(float, scale)),
         causal=bool(causal),
         attn_mask=full_mask(mask, q.shape[2], k.shape[2]),
         native=q.device.type == "cpu",
@@ -98,6 +98,15 @@ def _plan(a: dict[str, object], mask: object) -> CpPlan | str:
     return plan
 
 
+def _qkv(a: dict[str, object]) -> tuple[DTensor, DTensor, DTensor]:
+    """q, k, v once a plan exists (`make_plan` plans only for DTensors)."""
+    return cast(DTensor, a["query"]), cast(DTensor, a["key"]), cast(DTensor, a["value"])
+
+
+def _local(t: object) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else cast(torch.Tensor, t)
+
+
 def _shards(plan: CpPlan, q: DTensor, k: DTensor) -> Shards:
     return plan.shards or Shards.local(q.shape[2], k.shape[2])
 
@@ -105,11 +114,11 @@ def _shards(plan: CpPlan, q: DTensor, k: DTensor) -> Shards:
 def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     info = FORWARD[op_call._schema.name.split("::")[-1]]
     a = bind_arguments(op_call, args, kwargs)
-    q, k, v = a["query"], a["key"], a["value"]
     mask = a[info.mask_arg] if info.mask_arg else None
     plan = _plan(a, mask)
     if isinstance(plan, str):
-        return replicated_fallback("cp", plan, op_call, args, kwargs, like=(q,))
+        return replicated_fallback("cp", plan, op_call, args, kwargs, like=(a["query"],))
+    q, k, v = _qkv(a)
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
     with torch.no_grad():
         out, lse, _ = run_forward(
@@ -132,18 +141,20 @@ def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -
 def backward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     info = BACKWARD[op_call._schema.name.split("::")[-1]]
     a = bind_arguments(op_call, args, kwargs)
-    q, k, v = a["query"], a["key"], a["value"]
     mask = a[info.mask_arg] if info.mask_arg else None
     plan = _plan(a, mask)
-    if isinstance(plan, CpPlan) and info.n_outputs == 4 and a["grad_input_mask"][3]:
+    wants_bias_grad = info.n_outputs == 4 and cast(Sequence[bool], a["grad_input_mask"])[3]
+    if isinstance(plan, CpPlan) and wants_bias_grad:
         plan = "attn_bias needs a gradient"
-        refuse_fallback_if_permuted(plan, q, k, v)
+        refuse_fallback_if_permuted(plan, a["query"], a["key"], a["value"])
     if isinstance(plan, str):
-        return replicated_fallback("cp", plan, op_call, args, kwargs, like=(q, k, v))
+        like = (a["query"], a["key"], a["value"])
+        return replicated_fallback("cp", plan, op_call, args, kwargs, like=like)
+    q, k, v = _qkv(a)
     mesh, pl = plan.mesh, plan.placements
     dout, out, lse = (to_placements(a[n], mesh, pl) for n in (info.grad_arg, "out", info.lse_arg))
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
-    tensors = [t.to_local() if isinstance(t, DTensor) else t for t in (dout, q, k, v, out, lse)]
+    tensors = [_local(t) for t in (dout, q, k, v, out, lse)]
     with torch.no_grad():
         grads = run_backward(plan.algorithm, spec, _shards(plan, q, k), *tensors)
     wrapped = tuple(
