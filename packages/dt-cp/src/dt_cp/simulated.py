@@ -123,11 +123,29 @@ def backward(
             )
         dk = {r: _reduce_scatter(dk_all, shards, r) for r in ranks}
         dv = {r: _reduce_scatter(dv_all, shards, r) for r in ranks}
-    return (
-        compat.local_tensor_from(dq),
-        compat.local_tensor_from(dk),
-        compat.local_tensor_from(dv),
-    )
+        grads = tuple(compat.local_tensor_from(_same_strides(t)) for t in (dq, dk, dv))
+    return grads[0], grads[1], grads[2]
+
+
+def _same_strides(values: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Per-rank gradients as views of equal-length buffers, so every rank's strides agree.
+
+    Uneven shards give contiguous locals different strides, which LocalTensorMode makes
+    per-rank SymInts; DTensor's `to_local` backward puts the global stride it derives
+    from them into a spec it hashes, and torch cannot hash those (TypeError). Views of
+    a buffer padded to the longest shard keep the values and give plain int strides.
+    """
+    longest = max(t.shape[SEQ_DIM] for t in values.values())
+    if all(t.shape[SEQ_DIM] == longest for t in values.values()):
+        return values
+    padded = {}
+    for r, t in values.items():
+        shape = list(t.shape)
+        shape[SEQ_DIM] = longest
+        buffer = t.new_zeros(shape)
+        buffer.narrow(SEQ_DIM, 0, t.shape[SEQ_DIM]).copy_(t)
+        padded[r] = buffer.narrow(SEQ_DIM, 0, t.shape[SEQ_DIM])
+    return padded
 
 
 def _reduce_scatter(shares: dict[int, torch.Tensor], shards: Shards, rank: int) -> torch.Tensor:
