@@ -170,15 +170,19 @@ def _rank_groups(mesh: DeviceMesh, cp: int) -> tuple[tuple[int, ...], ...] | Non
 
 
 def choose_algorithm(algorithm: str, like: DTensor) -> str:
-    """The configured algorithm; "auto" and traced code get the measured default."""
+    """The configured algorithm; "auto" gets the measured default, or the all-gather
+    where the ring cannot run (traced code, LocalTensorMode's simulated ranks)."""
     from dt_core.compat.attention import is_traced
 
-    traced = is_traced(like.to_local())
+    from . import simulated
+
+    local = like.to_local()
+    traced = is_traced(local)
     if algorithm == "ring" and traced:
         warn_fallback_once_compile()
         return "allgather"
     if algorithm == "auto":
-        return "allgather" if traced else DEFAULT_ALGORITHM
+        return "allgather" if traced or simulated.active(local) else DEFAULT_ALGORITHM
     return algorithm
 
 
