@@ -13,6 +13,11 @@ Interface (plain functions):
     rank_values(t) -> {rank: tensor}         what each simulated rank holds
     mode_rules() -> {op: fn}                 every LocalTensorMode rule registered now
     fake_process_group(world_size)           context: a fake default group of that size
+    enabled_mode() -> mode | None            the LocalTensorMode in force (entered, enabled)
+    simulated_ranks_of(mode) -> [int]        the ranks a mode simulates
+    int_on_rank(value, rank)                 a per-rank SymInt as `rank` sees it
+    local_tensor_from({rank: tensor})        a LocalTensor from per-rank plain tensors
+    mode_disabled(mode)                      context: plain torch inside (per-rank code)
 """
 
 from __future__ import annotations
