@@ -140,3 +140,21 @@ def test_plugin_module_stays_light() -> None:
         "assert 'cp' in __import__('dt_core.kit', fromlist=['x']).registered_settings()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_flex_on_plain_tensors_applies_mask_mod() -> None:
+    """Plain tensors go to torch's flex; a mask_mod must reach it (it once was dropped)."""
+    import dt_cp
+    from test_flex import dense_reference
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.float64, generator=gen) for _ in range(3))
+
+    def mask(b, h, i, j):
+        return j <= i
+
+    got = dt_cp.flex_attention(q, k, v, mask_mod=mask)
+    torch.testing.assert_close(got, dense_reference(None, mask)(q, k, v), atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="not both"):
+        block_mask = dt_cp.create_block_mask(mask, None, None, 8, 8)
+        dt_cp.flex_attention(q, k, v, mask_mod=mask, block_mask=block_mask)
