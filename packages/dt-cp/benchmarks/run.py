@@ -52,7 +52,7 @@ def _case(mesh: Any, seq: int, algorithm: str, balancer: str, repeats: int) -> d
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from dt_cp.blocks import STATS
+    from dt_cp.blocks import COUNTERS
 
     gen = torch.Generator().manual_seed(0)
     full = [torch.randn(1, HEADS, seq, DIM, generator=gen) for _ in range(3)]
@@ -71,13 +71,13 @@ def _case(mesh: Any, seq: int, algorithm: str, balancer: str, repeats: int) -> d
             dist.barrier()
             base = _rss_kb("VmRSS:")
             _reset_peak()
-            STATS["score_elements"] = 0
+            COUNTERS.reset()
             start = time.perf_counter()
             out = F.scaled_dot_product_attention(*qkv, is_causal=True)
             out.sum().backward()
             best = min(best, time.perf_counter() - start)
             peak_mb = min(peak_mb, (_rss_kb("VmHWM:") - base) / 1024)
-            work = STATS["score_elements"]
+            work = COUNTERS.get("score_elements")
             del out
     stats = torch.tensor([best, peak_mb, work, work], dtype=torch.float64)
     gathered = [torch.zeros_like(stats) for _ in range(dist.get_world_size())]
@@ -102,7 +102,7 @@ def _document_case(mesh: Any, seq: int, balancer: str) -> dict:
     import dt_cp
     import torch
     import torch.distributed as dist
-    from dt_cp.blocks import STATS
+    from dt_cp.blocks import COUNTERS
 
     lengths = document_lengths(seq)
     doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
@@ -116,12 +116,12 @@ def _document_case(mesh: Any, seq: int, balancer: str) -> dict:
     with dt_cp.settings(algorithm="ring", load_balancer=balancer, documents=lengths):
         qkv = [dt_cp.shard_sequence(t, mesh, 2) for t in full]
         dist.barrier()
-        STATS["score_elements"] = 0
+        COUNTERS.reset()
         start = time.perf_counter()
         with torch.no_grad():
             dt_cp.flex_attention(*qkv, block_mask=block_mask)
         elapsed = time.perf_counter() - start
-        work = STATS["score_elements"]
+        work = COUNTERS.get("score_elements")
     stats = torch.tensor([elapsed, work, work], dtype=torch.float64)
     gathered = [torch.zeros_like(stats) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, stats)

@@ -59,6 +59,22 @@ def test_settings_precedence(monkeypatch) -> None:
     dt_cp.reset()
     with pytest.raises(ValueError, match="algorithm"):
         dt_cp.configure(algorithm="fast")
+    monkeypatch.setenv("DT_CP_LOAD_BALANCER", "document")
+    monkeypatch.setenv("DT_CP_DOCUMENTS", "3,4")
+    assert (dt_cp.current().load_balancer, dt_cp.current().documents) == ("document", (3, 4))
+    monkeypatch.setenv("DT_CP_LOAD_BALANCER", "zigzag")
+    with pytest.raises(ValueError, match="DT_CP_LOAD_BALANCER must be one of"):
+        dt_cp.current()
+
+
+def test_settings_are_listed_by_dt_plugins() -> None:
+    import dt_cp.plugin  # noqa: F401  (the plugin module registers the store)
+    from dt_core.kit import registered_settings
+
+    rows = {row["name"]: row for row in registered_settings()["cp"].describe()}
+    assert rows["algorithm"]["env"] == "DT_CP_ALGORITHM"
+    assert rows["load_balancer"]["env"] == "DT_CP_LOAD_BALANCER"
+    assert {"documents", "torch_cp", "torch_load_balancer"} <= set(rows)
 
 
 def test_plugin_is_listed() -> None:
@@ -99,11 +115,46 @@ def test_shard_roundtrip_and_fallback_warning() -> None:
         warnings.simplefilter("always")
         y = F.scaled_dot_product_attention(q, k, k, is_causal=True)
         y.sum().backward()
+    from dt_core.kit import FallbackWarning
+
     messages = [str(w.message) for w in caught if "dt-cp" in str(w.message)]
     assert messages and all("placements differ" in m for m in messages), messages
+    assert all(issubclass(w.category, FallbackWarning) for w in caught if "dt-cp" in str(w.message))
+    assert all("falls back to replicated inputs" in m for m in messages), messages
     ref = t.clone().requires_grad_()
     want = F.scaled_dot_product_attention(ref, t, t, is_causal=True)
     want.sum().backward()
     assert y.placements == (Shard(2),)
     torch.testing.assert_close(y.full_tensor(), want, atol=1e-12, rtol=0)
     torch.testing.assert_close(q.grad.full_tensor(), ref.grad, atol=1e-12, rtol=0)
+
+
+def test_plugin_module_stays_light() -> None:
+    """The plugin module (and the settings it registers) load without DTensor."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dt_cp.plugin\n"
+        "assert 'torch.distributed.tensor' not in sys.modules, 'DTensor imported'\n"
+        "assert 'cp' in __import__('dt_core.kit', fromlist=['x']).registered_settings()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_flex_on_plain_tensors_applies_mask_mod() -> None:
+    """Plain tensors go to torch's flex; a mask_mod must reach it (it once was dropped)."""
+    import dt_cp
+    from test_flex import dense_reference
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.float64, generator=gen) for _ in range(3))
+
+    def mask(b, h, i, j):
+        return j <= i
+
+    got = dt_cp.flex_attention(q, k, v, mask_mod=mask)
+    torch.testing.assert_close(got, dense_reference(None, mask)(q, k, v), atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="not both"):
+        block_mask = dt_cp.create_block_mask(mask, None, None, 8, 8)
+        dt_cp.flex_attention(q, k, v, mask_mod=mask, block_mask=block_mask)

@@ -33,6 +33,9 @@ class Shards:
     kv_layout: SequenceLayout
     group: str  # process group name (the mesh dim that shards the sequence)
     rank: int
+    # Under LocalTensorMode only: the global ranks of every group along the sequence's
+    # mesh dim, each in group-rank order (see `simulated.py`). None: real processes.
+    rank_groups: tuple[tuple[int, ...], ...] | None = None
 
     @classmethod
     def local(cls, q_len: int, kv_len: int) -> Shards:
@@ -74,8 +77,18 @@ def _kv_shape(like: torch.Tensor, n: int) -> list[int]:
 def allgather_forward(
     spec: AttentionSpec, shards: Shards, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    k_all, v_all = _gather(shards, k), _gather(shards, v)
-    acc = Accumulator(q, v.shape[-1])
+    return gathered_forward(spec, shards, q, _gather(shards, k), _gather(shards, v))
+
+
+def gathered_forward(
+    spec: AttentionSpec,
+    shards: Shards,
+    q: torch.Tensor,
+    k_all: torch.Tensor,
+    v_all: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The all-gather algorithm once K/V of every rank are here (in rank order)."""
+    acc = Accumulator(q, v_all.shape[-1])
     block_forward(spec, acc, q, shards.q_ranges(), k_all, v_all, shards.all_kv_ranges())
     return acc.out.to(q.dtype), acc.lse, acc.max
 
@@ -91,11 +104,26 @@ def allgather_backward(
     lse: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k_all, v_all = _gather(shards, k), _gather(shards, v)
+    dq, dk_all, dv_all = gathered_backward(spec, shards, dout, q, k_all, v_all, out, lse)
+    return dq, _scatter(shards, dk_all), _scatter(shards, dv_all)
+
+
+def gathered_backward(
+    spec: AttentionSpec,
+    shards: Shards,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k_all: torch.Tensor,
+    v_all: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq and this rank's share of dK/dV for the whole gathered sequence (to be summed)."""
     dq = torch.zeros_like(q)
     dk_all, dv_all = block_backward(
         spec, dq, dout, q, shards.q_ranges(), k_all, v_all, shards.all_kv_ranges(), out, lse
     )
-    return dq, _scatter(shards, dk_all), _scatter(shards, dv_all)
+    return dq, dk_all, dv_all
 
 
 # --- ring -------------------------------------------------------------------------------
@@ -250,7 +278,7 @@ def ring_forward(
         current = incoming.next()
         _, source, _, lo, hi, _ = item
         ranges = _slice_ranges(shards.kv_layout.ranges(source), lo, hi)
-        block_forward(spec, acc, q, q_ranges, *current, ranges)
+        block_forward(spec, acc, q, q_ranges, current[0], current[1], ranges)
         del current
     return acc.out.to(q.dtype), acc.lse, acc.max
 
@@ -294,7 +322,9 @@ def ring_backward(
         current = incoming.next()
         step, source, _c, lo, hi, sent = item
         ranges = _slice_ranges(shards.kv_layout.ranges(source), lo, hi)
-        share = block_backward(spec, dq, dout, q, q_ranges, *current, ranges, out, lse)
+        kc, vc = current
+        share = block_backward(spec, dq, dout, q, q_ranges, kc, vc, ranges, out, lse)
+        del kc, vc
         del current
         settle()
         # My share of the chunk of rank - step goes home; rank + step's share of the chunk
@@ -316,6 +346,10 @@ def run_forward(
     v: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, max score) of the local queries; max is -inf unless the math kernel ran."""
+    from . import simulated
+
+    if simulated.active(q):
+        return simulated.forward(algorithm, spec, shards, q, k, v)
     if algorithm == "ring" and shards.parts > 1:
         return ring_forward(spec, shards, q, k, v)
     return allgather_forward(spec, shards, q, k, v)
@@ -332,6 +366,10 @@ def run_backward(
     out: torch.Tensor,
     lse: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from . import simulated
+
+    if simulated.active(q):
+        return simulated.backward(algorithm, spec, shards, dout, q, k, v, out, lse)
     if algorithm == "ring" and shards.parts > 1:
         return ring_backward(spec, shards, dout, q, k, v, out, lse)
     return allgather_backward(spec, shards, dout, q, k, v, out, lse)

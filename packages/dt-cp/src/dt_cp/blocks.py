@@ -16,8 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from dt_core.kit import Counters
 
 from .layout import Range
+
+Position = tuple[int, int, int, int]  # (q0, qn, k0, kn): a range pair in global positions
 
 aten = torch.ops.aten
 NEG_INF = float("-inf")
@@ -29,8 +32,9 @@ MATH_TILE = 1 << 22
 MAX_RANGE_ROWS = 1024
 # The same when a BlockMask's sparsity can skip pieces (flex attention).
 SPARSE_RANGE_ROWS = 512
-# Work counters (score elements each rank computed), read by the benchmark.
-STATS = {"score_elements": 0}
+# dt-cp's counters (dt-core's kit): "score_elements", the (query, key) scores this
+# process computed, read by the benchmark and by `dt-plugins stats -- <command>`.
+COUNTERS = Counters("cp")
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def mask_slice(spec: AttentionSpec, q0: int, qn: int, k0: int, kn: int) -> torch
     return m[..., q0 : q0 + qn, k0 : k0 + kn]
 
 
-def causal_mask(q0: int, qn: int, k0: int, kn: int, device: torch.device) -> torch.Tensor:
+def causal_mask(q0: int, qn: int, k0: int, kn: int, device: torch.device | str) -> torch.Tensor:
     qi = torch.arange(q0, q0 + qn, device=device)[:, None]
     kj = torch.arange(k0, k0 + kn, device=device)[None, :]
     return kj <= qi
@@ -127,7 +131,7 @@ def _dead_rows(mask: torch.Tensor | None, lse: torch.Tensor) -> torch.Tensor | N
 
 
 def native_forward(
-    spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: str, pos: tuple
+    spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: str, pos: Position
 ) -> tuple[torch.Tensor, torch.Tensor]:
     mask, is_causal = _native_mask(spec, rel, *pos, q.dtype)
     out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
@@ -148,7 +152,7 @@ def native_backward(
     out: torch.Tensor,
     lse: torch.Tensor,
     rel: str,
-    pos: tuple,
+    pos: Position,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask, is_causal = _native_mask(spec, rel, *pos, q.dtype)
     return aten._scaled_dot_product_flash_attention_for_cpu_backward(
@@ -202,8 +206,8 @@ def _chunks(spec: AttentionSpec, q: torch.Tensor, kn: int) -> int:
 
 
 def math_forward(
-    spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: str, pos: tuple
-) -> tuple[torch.Tensor, torch.Tensor]:
+    spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: str, pos: Position
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q0, qn, k0, kn = pos
     rows = _chunks(spec, q, kn)
     outs, lses, maxes = [], [], []
@@ -246,7 +250,7 @@ def math_backward(
     out: torch.Tensor,
     lse: torch.Tensor,
     rel: str,
-    pos: tuple,
+    pos: Position,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Flash-style backward from the final lse; analytic except for score_mod's own vjp.
 
@@ -356,7 +360,7 @@ def block_forward(
         qn, kn = pos[1], pos[3]
         work = q.shape[0] * q.shape[1] * _pair_work(rel, qn, kn)
         if type(work) is int:  # not while tracing with symbolic shapes
-            STATS["score_elements"] += work
+            COUNTERS.add("score_elements", work)
         result = leaf(
             spec,
             q[:, :, ql : ql + qn],

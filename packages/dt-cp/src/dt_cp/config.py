@@ -1,20 +1,29 @@
 """User settings: which exact algorithm runs, and how sequences are laid out on ranks.
 
-Settings come from, in order of precedence: an active `dt_cp.settings(...)` block,
-`dt_cp.configure(...)`, then the environment (`DT_CP_ALGORITHM`, `DT_CP_LOAD_BALANCER`).
+The settings live in dt-core's `SettingsStore("cp", Settings)`, so they follow the house
+convention and `dt-plugins list --settings` shows them. In order of precedence: an active
+`dt_cp.settings(...)` block, `dt_cp.configure(...)`, the environment (`DT_CP_ALGORITHM`,
+`DT_CP_LOAD_BALANCER`, `DT_CP_DOCUMENTS=3,4`, `DT_CP_TORCH_CP`), the defaults. The
+torch balancer object cannot come from the environment; declare it with `configure` or
+`settings`. Importing this module imports no torch (the plugin module loads it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Literal, get_args
 
-ALGORITHMS = ("auto", "ring", "allgather")
-LOAD_BALANCERS = ("none", "head_tail", "document")
-TORCH_CP_MODES = ("auto", "ignore")
+from dt_core.kit import SettingsStore
+
+Algorithm = Literal["auto", "ring", "allgather"]
+LoadBalancer = Literal["none", "head_tail", "document"]
+TorchCpMode = Literal["auto", "ignore"]
+
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+LOAD_BALANCERS: tuple[str, ...] = get_args(LoadBalancer)
+TORCH_CP_MODES: tuple[str, ...] = get_args(TorchCpMode)
 ALGORITHM_ENV = "DT_CP_ALGORITHM"
 LOAD_BALANCER_ENV = "DT_CP_LOAD_BALANCER"
 
@@ -32,87 +41,67 @@ class Settings:
     takes every sequence-sharded DTensor to be in this package's layout.
     """
 
-    algorithm: str = "auto"
-    load_balancer: str = "none"
+    algorithm: Algorithm = "auto"
+    load_balancer: LoadBalancer = "none"
     documents: tuple[int, ...] | None = None
-    torch_cp: str = "auto"
+    torch_cp: TorchCpMode = "auto"
     # The torch `_LoadBalancer` handed to `_context_parallel_shard` (torch records only
     # that one was used; its own ring assumes head-tail). Declaring it lets attention
-    # follow any torch balancer's permutation exactly.
+    # follow any torch balancer's permutation exactly. Not settable from the environment.
     torch_load_balancer: object | None = None
     # Its permutation, computed when declared: balancers may use vmap, which cannot run
-    # inside DTensor's dispatch where attention reads it.
+    # inside DTensor's dispatch where attention reads it. Derived, never set directly.
     torch_balancer_indices: object | None = None
 
-
-def _check(algorithm: str | None, load_balancer: str | None, torch_cp: str | None = None) -> None:
-    if torch_cp is not None and torch_cp not in TORCH_CP_MODES:
-        raise ValueError(f"dt-cp: torch_cp must be one of {TORCH_CP_MODES}, got {torch_cp!r}")
-    if algorithm is not None and algorithm not in ALGORITHMS:
-        raise ValueError(f"dt-cp: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    if load_balancer is not None and load_balancer not in LOAD_BALANCERS:
-        raise ValueError(
-            f"dt-cp: load_balancer must be one of {LOAD_BALANCERS}, got {load_balancer!r}"
-        )
+    def __post_init__(self) -> None:
+        if self.documents is not None and not isinstance(self.documents, tuple):
+            object.__setattr__(self, "documents", tuple(int(n) for n in self.documents))
 
 
-def _from_env() -> Settings:
-    algorithm = os.environ.get(ALGORITHM_ENV, "auto")
-    balancer = os.environ.get(LOAD_BALANCER_ENV, "none")
-    _check(algorithm, balancer)
-    return Settings(algorithm, balancer)
-
-
-_configured: Settings | None = None
-_scoped: contextvars.ContextVar[Settings | None] = contextvars.ContextVar(
-    "dt_cp_settings", default=None
-)
+STORE: SettingsStore[Settings] = SettingsStore("cp", Settings)
 
 
 def current() -> Settings:
     """The settings in force here and now."""
-    scoped = _scoped.get()
-    if scoped is not None:
-        return scoped
-    return _configured if _configured is not None else _from_env()
+    return STORE.current()
 
 
-def _updated(
-    base: Settings,
+def _changes(
     algorithm: str | None,
     load_balancer: str | None,
     documents: Sequence[int] | None,
-    torch_cp: str | None = None,
-    torch_load_balancer: object | None = None,
-) -> Settings:
-    _check(algorithm, load_balancer, torch_cp)
+    torch_cp: str | None,
+    torch_load_balancer: object | None,
+) -> dict[str, object]:
+    """The store's keyword changes; a torch balancer is checked and its permutation taken."""
+    changes: dict[str, object] = {
+        "algorithm": algorithm,
+        "load_balancer": load_balancer,
+        "documents": None if documents is None else tuple(int(n) for n in documents),
+        "torch_cp": torch_cp,
+    }
     if torch_load_balancer is not None:
-        from dt_core.compat.context_parallel import is_torch_load_balancer
+        changes["torch_load_balancer"] = torch_load_balancer
+        changes["torch_balancer_indices"] = _balancer_indices(torch_load_balancer)
+    return changes
 
-        if not is_torch_load_balancer(torch_load_balancer):
-            raise TypeError(
-                "dt-cp: torch_load_balancer must be one of torch's context-parallel load "
-                f"balancers (a _LoadBalancer), got {type(torch_load_balancer).__name__}"
-            )
-        from dt_core.compat.context_parallel import balancer_indices
 
-        try:
-            indices = balancer_indices(torch_load_balancer)
-        except (AssertionError, NotImplementedError, RuntimeError, ValueError) as error:
-            raise ValueError(
-                f"dt-cp: torch_load_balancer cannot lay out its sequence "
-                f"({type(error).__name__}: {error}); its lengths must split into the pieces "
-                "it needs"
-            ) from error
-        base = replace(base, torch_balancer_indices=indices)
-    return replace(
-        base,
-        torch_cp=torch_cp or base.torch_cp,
-        torch_load_balancer=torch_load_balancer or base.torch_load_balancer,
-        algorithm=algorithm or base.algorithm,
-        load_balancer=load_balancer or base.load_balancer,
-        documents=base.documents if documents is None else tuple(int(n) for n in documents),
-    )
+def _balancer_indices(balancer: object) -> object:
+    from dt_core.compat.context_parallel import balancer_indices, is_torch_load_balancer
+
+    if not is_torch_load_balancer(balancer):
+        raise TypeError(
+            "dt-cp: torch_load_balancer must be one of torch's context-parallel load "
+            f"balancers (a _LoadBalancer), got {type(balancer).__name__}"
+        )
+    try:
+        return balancer_indices(balancer)
+    except (AssertionError, NotImplementedError, RuntimeError, ValueError) as error:
+        raise ValueError(
+            f"dt-cp: torch_load_balancer cannot lay out its sequence "
+            f"({type(error).__name__}: {error}); its lengths must split into the pieces "
+            "it needs"
+        ) from error
 
 
 def configure(
@@ -123,16 +112,14 @@ def configure(
     torch_load_balancer: object | None = None,
 ) -> Settings:
     """Set process-wide defaults (None keeps the current value); returns the new settings."""
-    global _configured
-    base = _configured if _configured is not None else _from_env()
-    _configured = _updated(base, algorithm, load_balancer, documents, torch_cp, torch_load_balancer)
-    return _configured
+    return STORE.configure(
+        **_changes(algorithm, load_balancer, documents, torch_cp, torch_load_balancer)
+    )
 
 
 def reset() -> None:
-    """Forget `configure` calls (back to the environment)."""
-    global _configured
-    _configured = None
+    """Forget `configure` calls (back to the environment and defaults)."""
+    STORE.reset()
 
 
 @contextlib.contextmanager
@@ -144,9 +131,6 @@ def settings(
     torch_load_balancer: object | None = None,
 ) -> Iterator[Settings]:
     """Use these settings inside the block only."""
-    new = _updated(current(), algorithm, load_balancer, documents, torch_cp, torch_load_balancer)
-    token = _scoped.set(new)
-    try:
-        yield new
-    finally:
-        _scoped.reset(token)
+    changes = _changes(algorithm, load_balancer, documents, torch_cp, torch_load_balancer)
+    with STORE.scoped(**changes) as scoped:
+        yield scoped

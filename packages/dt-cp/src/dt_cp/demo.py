@@ -9,10 +9,12 @@ without the plugin: gather the whole sequence on every rank and run SDPA there.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 
 def _device() -> torch.device:
@@ -38,7 +40,7 @@ def _gather_baseline(local: list[torch.Tensor], ranks: int, device: torch.device
         dist.all_gather(parts, t.detach())
         full.append(torch.cat(parts, 2).requires_grad_())
     # The gathered order is head-tail permuted; the cost, not the mask, is the point here.
-    y = F.scaled_dot_product_attention(*full, is_causal=True)
+    y = F.scaled_dot_product_attention(full[0], full[1], full[2], is_causal=True)
     y.sum().backward()
     _sync(device)
     return time.perf_counter() - start
@@ -48,6 +50,7 @@ def run_stage(small: bool = True) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     import dt_cp
+    from dt_cp import sharding
 
     device = _device()
     ranks = dist.get_world_size()
@@ -61,28 +64,32 @@ def run_stage(small: bool = True) -> dict:
 
     # Reference: the same step on one process, unsharded.
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
-    out_ref = F.scaled_dot_product_attention(*ref, is_causal=True)
+    out_ref = F.scaled_dot_product_attention(ref[0], ref[1], ref[2], is_causal=True)
     (out_ref * g).sum().backward()
 
     with dt_cp.settings(algorithm="ring", load_balancer="head_tail"):
-        sharded = [dt_cp.shard_sequence(t, mesh, 2).requires_grad_() for t in (q, k, v)]
-        g_sharded = dt_cp.shard_sequence(g, mesh, 2)
-        F.scaled_dot_product_attention(*sharded, is_causal=True).sum().backward()  # warm-up
+        sq, sk, sv = (sharding.shard_sequence(t, mesh, 2) for t in (q, k, v))
+        for t in (sq, sk, sv):
+            t.requires_grad_()
+        sharded = [sq, sk, sv]
+        g_sharded = sharding.shard_sequence(g, mesh, 2)
+        F.scaled_dot_product_attention(sq, sk, sv, is_causal=True).sum().backward()  # warm-up
         for t in sharded:
             t.grad = None
         _sync(device)
         dist.barrier()
         start = time.perf_counter()
-        out = F.scaled_dot_product_attention(*sharded, is_causal=True)
+        out = cast(DTensor, F.scaled_dot_product_attention(sq, sk, sv, is_causal=True))
         (out * g_sharded).sum().backward()
         _sync(device)
         elapsed = time.perf_counter() - start
-        got = [dt_cp.unshard_sequence(t, 2) for t in (out, *(s.grad for s in sharded))]
-    want = [out_ref.detach(), *(r.grad for r in ref)]
+        grads = [cast(DTensor, s.grad) for s in sharded]  # set by the backward above
+        got = [sharding.unshard_sequence(t, 2) for t in (out, *grads)]
+    want = [out_ref.detach(), *(cast(torch.Tensor, r.grad) for r in ref)]
     error = max((a - b).abs().max().item() for a, b in zip(got, want, strict=True))
 
     # Baseline: gather the sequence to every rank, run unsharded SDPA there.
-    local = [s.detach().to_local().clone().requires_grad_() for s in sharded]
+    local = [s.to_local().detach().clone().requires_grad_() for s in sharded]
     for _ in range(2):  # the first round warms up, the second is timed
         baseline = _gather_baseline(local, ranks, device)
 

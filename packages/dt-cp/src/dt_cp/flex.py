@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from dt_core.dtensors import as_dtensor
+from dt_core.kit import replicated, warn_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec, autograd_vjp
-from .plan import batch_head_offsets, make_plan, warn_fallback
+from .plan import batch_head_offsets, make_plan
 from .sparsity import BlockVisibility
 
 LN2 = math.log(2.0)
@@ -117,16 +118,15 @@ def flex_attention(
     if not isinstance(query, DTensor):
         from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
-        return torch_flex(
-            query,
-            key,
-            value,
-            score_mod=score_mod,
-            block_mask=block_mask,
-            scale=scale,
-            enable_gqa=enable_gqa,
-            return_lse=return_lse,
-        )
+        if mask_mod is not None:  # torch's flex takes masks as a BlockMask only
+            if block_mask is not None:
+                raise ValueError("dt-cp: pass block_mask or mask_mod, not both")
+            q_len, kv_len = query.shape[2], key.shape[2]
+            block_mask = create_block_mask(mask_mod, None, None, q_len, kv_len, query.device)
+        options = {"score_mod": score_mod, "block_mask": block_mask, "scale": scale}
+        if return_lse:
+            return torch_flex(query, key, value, **options, enable_gqa=enable_gqa, return_lse=True)
+        return torch_flex(query, key, value, **options, enable_gqa=enable_gqa)
     if key.shape[1] != query.shape[1] and not enable_gqa:
         raise ValueError(
             "dt-cp: query and key/value head counts differ; pass enable_gqa=True for GQA"
@@ -141,7 +141,7 @@ def flex_attention(
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     plan = make_plan(query, key, value)
     if isinstance(plan, str):
-        warn_fallback("flex_attention", plan)
+        warn_fallback("cp", "flex_attention", plan)
         return _fallback(query, key, value, score, masked, scale, return_lse)
     b_off, h_off = batch_head_offsets(query)
     spec = AttentionSpec(
@@ -154,8 +154,9 @@ def flex_attention(
         visible=visible,
     )
     shards = plan.shards or Shards.local(query.shape[2], key.shape[2])
+    key_local, value_local = (cast(DTensor, t).to_local() for t in (key, value))  # planned
     out, lse = _ContextParallelFlex.apply(
-        query.to_local(), key.to_local(), value.to_local(), spec, shards, plan.algorithm
+        query.to_local(), key_local, value_local, spec, shards, plan.algorithm
     )
     b_, h_, n, _ = query.shape
     out = as_dtensor(out, plan.mesh, plan.placements, (b_, h_, n, value.shape[-1]))
@@ -173,16 +174,17 @@ def _fallback(
     scale: float,
     return_lse: bool,
 ) -> Any:
-    """Exact but unsharded: replicate, run the local math path, reshard like `query`."""
+    """Exact but unsharded: replicate, run the local math path, reshard like `query`.
+
+    Not dt-core's `replicated_fallback`: the lse output keeps the query's sequence
+    sharding (it is 3-D, the kit would leave it replicated)."""
     mesh = query.device_mesh
     rep = [Replicate()] * mesh.ndim
-    full = [t.redistribute(mesh, rep) if isinstance(t, DTensor) else t for t in (key, value)]
-    q_full = query.redistribute(mesh, rep)
     vjp = autograd_vjp(score) if score is not None else None
     spec = AttentionSpec(scale, score_mod=score, mask_mod=masked, score_mod_vjp=vjp)
     shards = Shards.local(query.shape[2], key.shape[2])
     out, lse = _ContextParallelFlex.apply(
-        q_full.to_local(), full[0].to_local(), full[1].to_local(), spec, shards, "allgather"
+        replicated(query), replicated(key), replicated(value), spec, shards, "allgather"
     )
     target = [Replicate() if p.is_partial() else p for p in query.placements]
     out = as_dtensor(out, mesh, rep, out.shape).redistribute(mesh, target)

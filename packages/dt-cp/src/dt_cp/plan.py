@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from dt_core.dtensors import forget_warnings, warn_once
+from dt_core.kit import forget_fallback_warnings
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
@@ -29,18 +30,10 @@ from .torch_cp import (
 SEQ_DIM = 2
 
 
-def warn_fallback(what: str, reason: str) -> None:
-    """Warn once per (what, reason): the fallback is exact but not context parallel."""
-    warn_once(
-        f"dt-cp: {what}: {reason}",
-        f"dt-cp: {what} falls back to replicated q/k/v ({reason}); the result is exact "
-        "but every rank computes the whole attention",
-        stacklevel=4,
-    )
-
-
 def reset_warnings() -> None:
-    """Warn again about reasons already warned about (tests, long-running sessions)."""
+    """Warn again about reasons already warned about (tests, long-running sessions): the
+    replicated fallbacks (dt-core's kit) and the ring-under-compile note."""
+    forget_fallback_warnings("cp")
     forget_warnings("dt-cp:")
 
 
@@ -105,7 +98,7 @@ def refuse_fallback_if_permuted(reason: str, *tensors: object) -> None:
 
 
 def _make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan | str:
-    if not all(isinstance(t, DTensor) for t in (q, k, v)):
+    if not (isinstance(q, DTensor) and isinstance(k, DTensor) and isinstance(v, DTensor)):
         return "q, k and v are not all DTensors"
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         return "q, k, v are not 4-D (batch, heads, sequence, dim)"
@@ -148,7 +141,7 @@ def _make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan |
         kv_layout = SequenceLayout(
             k.shape[SEQ_DIM], parts, settings.load_balancer, settings.documents
         )
-        algorithm = settings.algorithm
+        algorithm: str = settings.algorithm
     else:
         check_settings_agree(torch_state, settings)
         q_layout = torch_layout(torch_state, q.shape[SEQ_DIM], parts, "query", settings)
@@ -159,20 +152,37 @@ def _make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan |
             local = {"query": q.to_local(), "key": k.to_local(), "value": v.to_local()}
             check_even_local_lengths(local, parts, group)
         algorithm = torch_algorithm(torch_state, settings)
-    shards = Shards(q_layout, kv_layout, group, mesh.get_local_rank(cp))
+    shards = Shards(q_layout, kv_layout, group, mesh.get_local_rank(cp), _rank_groups(mesh, cp))
     return CpPlan(mesh, pq, cp, shards, choose_algorithm(algorithm, q))
 
 
+def _rank_groups(mesh: DeviceMesh, cp: int) -> tuple[tuple[int, ...], ...] | None:
+    """Every group along mesh dim `cp` (global ranks in group order), under LocalTensorMode
+    only: one process computes for all of them (`simulated.py`)."""
+    from dt_core.compat.local_tensor import enabled_mode, mode_disabled
+
+    mode = enabled_mode()
+    if mode is None:
+        return None
+    with mode_disabled(mode):
+        rows = mesh.mesh.movedim(cp, -1).reshape(-1, mesh.size(cp)).tolist()
+    return tuple(tuple(int(r) for r in row) for row in rows)
+
+
 def choose_algorithm(algorithm: str, like: DTensor) -> str:
-    """The configured algorithm; "auto" and traced code get the measured default."""
+    """The configured algorithm; "auto" gets the measured default, or the all-gather
+    where the ring cannot run (traced code, LocalTensorMode's simulated ranks)."""
     from dt_core.compat.attention import is_traced
 
-    traced = is_traced(like.to_local())
+    from . import simulated
+
+    local = like.to_local()
+    traced = is_traced(local)
     if algorithm == "ring" and traced:
         warn_fallback_once_compile()
         return "allgather"
     if algorithm == "auto":
-        return "allgather" if traced else DEFAULT_ALGORITHM
+        return "allgather" if traced or simulated.active(local) else DEFAULT_ALGORITHM
     return algorithm
 
 
@@ -202,6 +212,8 @@ def full_mask(mask: object, q_len: int, kv_len: int) -> torch.Tensor | None:
         return None
     if isinstance(mask, DTensor):
         mask = mask.full_tensor()
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"dt-cp: attn_mask must be a tensor, got {type(mask).__name__}")
     if mask.dim() < 2:
         return torch.broadcast_to(mask, (q_len, kv_len))
     return torch.broadcast_to(mask, (*mask.shape[:-2], q_len, kv_len))

@@ -12,12 +12,14 @@ outputs (RNG state, sequence offsets) are placeholders only our backward reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from dt_core.dtensors import as_dtensor
-from torch.distributed.tensor import DTensor, Partial, Replicate
+from dt_core.kit import bind_arguments, replicated_fallback
+from torch.distributed.tensor import DTensor, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import AttentionSpec
@@ -27,7 +29,6 @@ from .plan import (
     make_plan,
     refuse_fallback_if_permuted,
     to_placements,
-    warn_fallback,
 )
 
 
@@ -77,23 +78,9 @@ BACKWARD: dict[str, BackwardOp] = {
 }
 
 
-def bind(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, object]:
-    """Every argument of `op_call` by name, defaults filled in."""
-    values: dict[str, object] = {}
-    for i, arg in enumerate(op_call._schema.arguments):
-        if i < len(args):
-            values[arg.name] = args[i]
-        elif arg.name in kwargs:
-            values[arg.name] = kwargs[arg.name]
-        else:
-            values[arg.name] = arg.default_value
-    return values
-
-
-def _spec(q: DTensor, k: DTensor, causal: bool, mask: object, scale: object) -> AttentionSpec:
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+def _spec(q: DTensor, k: DTensor, causal: object, mask: object, scale: object) -> AttentionSpec:
     return AttentionSpec(
-        scale=scale,
+        scale=1.0 / math.sqrt(q.shape[-1]) if scale is None else float(cast(float, scale)),
         causal=bool(causal),
         attn_mask=full_mask(mask, q.shape[2], k.shape[2]),
         native=q.device.type == "cpu",
@@ -111,19 +98,27 @@ def _plan(a: dict[str, object], mask: object) -> CpPlan | str:
     return plan
 
 
+def _qkv(a: dict[str, object]) -> tuple[DTensor, DTensor, DTensor]:
+    """q, k, v once a plan exists (`make_plan` plans only for DTensors)."""
+    return cast(DTensor, a["query"]), cast(DTensor, a["key"]), cast(DTensor, a["value"])
+
+
+def _local(t: object) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else cast(torch.Tensor, t)
+
+
 def _shards(plan: CpPlan, q: DTensor, k: DTensor) -> Shards:
     return plan.shards or Shards.local(q.shape[2], k.shape[2])
 
 
 def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     info = FORWARD[op_call._schema.name.split("::")[-1]]
-    a = bind(op_call, args, kwargs)
-    q, k, v = a["query"], a["key"], a["value"]
+    a = bind_arguments(op_call, args, kwargs)
     mask = a[info.mask_arg] if info.mask_arg else None
     plan = _plan(a, mask)
     if isinstance(plan, str):
-        warn_fallback("scaled_dot_product_attention", plan)
-        return _fallback(op_call, args, kwargs, (q,) * 2)
+        return replicated_fallback("cp", plan, op_call, args, kwargs, like=(a["query"],))
+    q, k, v = _qkv(a)
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
     with torch.no_grad():
         out, lse, _ = run_forward(
@@ -145,52 +140,24 @@ def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -
 
 def backward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     info = BACKWARD[op_call._schema.name.split("::")[-1]]
-    a = bind(op_call, args, kwargs)
-    q, k, v = a["query"], a["key"], a["value"]
+    a = bind_arguments(op_call, args, kwargs)
     mask = a[info.mask_arg] if info.mask_arg else None
     plan = _plan(a, mask)
-    if isinstance(plan, CpPlan) and info.n_outputs == 4 and a["grad_input_mask"][3]:
+    wants_bias_grad = info.n_outputs == 4 and cast(Sequence[bool], a["grad_input_mask"])[3]
+    if isinstance(plan, CpPlan) and wants_bias_grad:
         plan = "attn_bias needs a gradient"
-        refuse_fallback_if_permuted(plan, q, k, v)
+        refuse_fallback_if_permuted(plan, a["query"], a["key"], a["value"])
     if isinstance(plan, str):
-        warn_fallback("scaled_dot_product_attention backward", plan)
-        return _fallback(op_call, args, kwargs, (q, k, v))
+        like = (a["query"], a["key"], a["value"])
+        return replicated_fallback("cp", plan, op_call, args, kwargs, like=like)
+    q, k, v = _qkv(a)
     mesh, pl = plan.mesh, plan.placements
     dout, out, lse = (to_placements(a[n], mesh, pl) for n in (info.grad_arg, "out", info.lse_arg))
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
-    tensors = [t.to_local() if isinstance(t, DTensor) else t for t in (dout, q, k, v, out, lse)]
+    tensors = [_local(t) for t in (dout, q, k, v, out, lse)]
     with torch.no_grad():
         grads = run_backward(plan.algorithm, spec, _shards(plan, q, k), *tensors)
     wrapped = tuple(
         as_dtensor(g.contiguous(), mesh, pl, t.shape) for g, t in zip(grads, (q, k, v), strict=True)
     )
     return wrapped + (None,) * (info.n_outputs - 3)
-
-
-def _replicated(t: object) -> object:
-    if isinstance(t, DTensor):
-        return t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim).to_local()
-    return t
-
-
-def _fallback(
-    op_call: torch._ops.OpOverload, args: tuple, kwargs: dict, like: tuple[object, ...]
-) -> object:
-    """Run the real op on replicated inputs; the first outputs resharded like `like`."""
-    mesh = next(t.device_mesh for t in (*args, *kwargs.values()) if isinstance(t, DTensor))
-    results = op_call(
-        *(_replicated(x) for x in args), **{key: _replicated(x) for key, x in kwargs.items()}
-    )
-    rep = [Replicate()] * mesh.ndim
-    wrapped = []
-    for i, r in enumerate(results):
-        if not isinstance(r, torch.Tensor):
-            wrapped.append(r)
-            continue
-        full = as_dtensor(r, mesh, rep, r.shape)
-        model = like[i] if i < len(like) else None
-        if isinstance(model, DTensor) and model.device_mesh == mesh:
-            target = [Replicate() if isinstance(p, Partial) else p for p in model.placements]
-            full = full.redistribute(mesh, target)
-        wrapped.append(full)
-    return tuple(wrapped)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
 from .config import LOAD_BALANCERS, current
 from .layout import SequenceLayout
@@ -64,7 +64,7 @@ def shard_sequence(
     _check_torch_agrees(layout)
     if layout.balancer != "none":
         t = t.index_select(seq_dim, layout.permutation(t.device))
-    placements = [Replicate()] * mesh.ndim
+    placements: list[Placement] = [Replicate()] * mesh.ndim
     placements[mesh_dim] = Shard(seq_dim)
     return distribute_tensor(t, mesh, placements)
 

@@ -50,7 +50,16 @@ class BlockVisibility:
     @classmethod
     def from_tuple(cls, block_mask: tuple) -> BlockVisibility:
         """From `BlockMask.as_tuple()` (what torch's flex_attention operator receives)."""
-        return cls(block_mask[1], *block_mask[2:6], block_mask[-3], block_mask[-2])
+        kv_num, kv_indices, full_num, full_indices = block_mask[2:6]
+        return cls(
+            block_mask[1],
+            kv_num,
+            kv_indices,
+            full_num,
+            full_indices,
+            block_mask[-3],
+            block_mask[-2],
+        )
 
     @classmethod
     def from_block_mask(cls, block_mask: Any) -> BlockVisibility:

@@ -80,6 +80,11 @@ def declared_layout(settings: Settings, length: int, parts: int, what: str) -> S
             f"sharding the sequence has {parts} ranks"
         )
     indices = settings.torch_balancer_indices
+    if not isinstance(indices, torch.Tensor):  # set with the balancer by dt_cp.configure
+        raise TorchLayoutError(
+            "dt-cp: torch_load_balancer was declared without its permutation; declare it "
+            "with dt_cp.configure(torch_load_balancer=...) or dt_cp.settings(...)"
+        )
     if indices.shape[-1] != length:
         raise TorchLayoutError(
             f"dt-cp: torch_load_balancer permutes {indices.shape[-1]} positions, but {what} "

@@ -13,6 +13,11 @@ Interface (plain functions):
     rank_values(t) -> {rank: tensor}         what each simulated rank holds
     mode_rules() -> {op: fn}                 every LocalTensorMode rule registered now
     fake_process_group(world_size)           context: a fake default group of that size
+    enabled_mode() -> mode | None            the LocalTensorMode in force (entered, enabled)
+    simulated_ranks_of(mode) -> [int]        the ranks a mode simulates
+    int_on_rank(value, rank)                 a per-rank SymInt as `rank` sees it
+    local_tensor_from({rank: tensor})        a LocalTensor from per-rank plain tensors
+    mode_disabled(mode)                      context: plain torch inside (per-rank code)
 """
 
 from __future__ import annotations
@@ -82,3 +87,46 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
         yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
+
+
+def enabled_mode() -> Any | None:
+    """The LocalTensorMode in force here (entered and not disabled), else None."""
+    import sys
+
+    if MODULE not in sys.modules:  # nobody entered one: keep torch's private module unloaded
+        return None
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    from torch.distributed._local_tensor import enabled_local_tensor_mode
+
+    return enabled_local_tensor_mode()
+
+
+def simulated_ranks_of(mode: Any) -> list[int]:
+    """The ranks `mode` simulates, in order."""
+    return sorted(mode.ranks)
+
+
+def int_on_rank(value: Any, rank: int) -> Any:
+    """What simulated `rank` sees of a per-rank integer (a SymInt LocalTensorMode made,
+    e.g. `mesh.get_local_rank()`); plain ints and anything else come back unchanged."""
+    import torch
+
+    if isinstance(value, torch.SymInt):
+        from torch.distributed._local_tensor import _map_to_rank_local_val
+
+        return _map_to_rank_local_val(value, rank)
+    return value
+
+
+def local_tensor_from(values: dict[int, Any]) -> Any:
+    """A LocalTensor holding `values[r]` on simulated rank r (every rank of the mode)."""
+    from torch.distributed._local_tensor import LocalTensor
+
+    return LocalTensor(values)
+
+
+@contextlib.contextmanager
+def mode_disabled(mode: Any) -> Iterator[None]:
+    """Plain torch inside the block: per-rank code runs on plain tensors."""
+    with mode.disable():
+        yield

@@ -1,0 +1,171 @@
+"""dt-cp under torch's LocalTensorMode: one process holds the shards of every simulated rank.
+
+There the process group is fake (collectives move no data) and a rank is a per-rank
+integer, not a Python int. So attention runs per simulated rank on plain tensors, as the
+all-gather algorithm runs on a real rank: the K/V every rank of its group holds are all
+here, the rank's own ranges and offsets are plain ints, and the dK/dV shares are summed
+over the group. The arithmetic is a real rank's, so results are exact. The ring's
+point-to-point sends have no counterpart there; "ring" runs the all-gather algorithm,
+said once (its values are the same; `test_sweep.py` checks the ring on real processes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from dt_core.compat import local_tensor as compat
+from dt_core.dtensors import warn_once
+
+from .algorithms import Shards, gathered_backward, gathered_forward
+from .blocks import AttentionSpec
+
+SEQ_DIM = 2
+
+
+def active(t: torch.Tensor) -> bool:
+    """Whether `t` is a LocalTensor under an enabled LocalTensorMode."""
+    return compat.is_local_tensor(t) and compat.enabled_mode() is not None
+
+
+def _note_ring(algorithm: str, shards: Shards) -> None:
+    if algorithm == "ring" and shards.parts > 1:
+        warn_once(
+            "dt-cp: ring under LocalTensorMode",
+            "dt-cp: the ring algorithm's point-to-point sends do not run under "
+            "LocalTensorMode; there each simulated rank runs the exact all-gather algorithm",
+            stacklevel=5,
+        )
+
+
+def _values(t: torch.Tensor, ranks: list[int]) -> dict[int, torch.Tensor]:
+    if compat.is_local_tensor(t):
+        return compat.rank_values(t)
+    return {r: t for r in ranks}
+
+
+def _group_of(shards: Shards, rank: int) -> tuple[int, ...]:
+    """The global ranks of `rank`'s group along the sequence's mesh dim, in group order."""
+    if shards.parts == 1 or shards.rank_groups is None:
+        return (rank,)
+    for group in shards.rank_groups:
+        if rank in group:
+            return group
+    raise ValueError(f"dt-cp: simulated rank {rank} is not on the mesh sharding the sequence")
+
+
+def _on_rank(spec: AttentionSpec, shards: Shards, rank: int) -> tuple[AttentionSpec, Shards]:
+    """spec and shards as `rank` sees them: its own ints and mask."""
+    mask = spec.attn_mask
+    if mask is not None and compat.is_local_tensor(mask):
+        mask = compat.rank_values(mask)[rank]
+    spec = dataclasses.replace(
+        spec,
+        attn_mask=mask,
+        batch_offset=int(compat.int_on_rank(spec.batch_offset, rank)),
+        head_offset=int(compat.int_on_rank(spec.head_offset, rank)),
+    )
+    group = _group_of(shards, rank)
+    return spec, dataclasses.replace(shards, rank=group.index(rank))
+
+
+def forward(
+    algorithm: str,
+    spec: AttentionSpec,
+    shards: Shards,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`run_forward` for every simulated rank at once (LocalTensors in, LocalTensors out)."""
+    _note_ring(algorithm, shards)
+    mode = compat.enabled_mode()
+    ranks = compat.simulated_ranks_of(mode)
+    qs, ks, vs = (_values(t, ranks) for t in (q, k, v))
+    results: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    with compat.mode_disabled(mode):
+        for r in ranks:
+            spec_r, shards_r = _on_rank(spec, shards, r)
+            group = _group_of(shards, r)
+            k_all = torch.cat([ks[j] for j in group], SEQ_DIM)
+            v_all = torch.cat([vs[j] for j in group], SEQ_DIM)
+            results[r] = gathered_forward(spec_r, shards_r, qs[r], k_all, v_all)
+    return _combine(results)
+
+
+def backward(
+    algorithm: str,
+    spec: AttentionSpec,
+    shards: Shards,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`run_backward` for every simulated rank: dK/dV shares summed over each group."""
+    _note_ring(algorithm, shards)
+    mode = compat.enabled_mode()
+    ranks = compat.simulated_ranks_of(mode)
+    douts, qs, ks, vs, outs, lses = (_values(t, ranks) for t in (dout, q, k, v, out, lse))
+    dq: dict[int, torch.Tensor] = {}
+    dk_all: dict[int, torch.Tensor] = {}
+    dv_all: dict[int, torch.Tensor] = {}
+    with compat.mode_disabled(mode):
+        for r in ranks:
+            spec_r, shards_r = _on_rank(spec, shards, r)
+            group = _group_of(shards, r)
+            k_all = torch.cat([ks[j] for j in group], SEQ_DIM)
+            v_all = torch.cat([vs[j] for j in group], SEQ_DIM)
+            dq[r], dk_all[r], dv_all[r] = gathered_backward(
+                spec_r, shards_r, douts[r], qs[r], k_all, v_all, outs[r], lses[r]
+            )
+        dk = {r: _reduce_scatter(dk_all, shards, r) for r in ranks}
+        dv = {r: _reduce_scatter(dv_all, shards, r) for r in ranks}
+        grads = tuple(compat.local_tensor_from(_same_strides(t)) for t in (dq, dk, dv))
+    return grads[0], grads[1], grads[2]
+
+
+def _same_strides(values: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Per-rank gradients as views of equal-length buffers, so every rank's strides agree.
+
+    Uneven shards give contiguous locals different strides, which LocalTensorMode makes
+    per-rank SymInts; DTensor's `to_local` backward puts the global stride it derives
+    from them into a spec it hashes, and torch cannot hash those (TypeError). Views of
+    a buffer padded to the longest shard keep the values and give plain int strides.
+    """
+    longest = max(t.shape[SEQ_DIM] for t in values.values())
+    if all(t.shape[SEQ_DIM] == longest for t in values.values()):
+        return values
+    padded = {}
+    for r, t in values.items():
+        shape = list(t.shape)
+        shape[SEQ_DIM] = longest
+        buffer = t.new_zeros(shape)
+        buffer.narrow(SEQ_DIM, 0, t.shape[SEQ_DIM]).copy_(t)
+        padded[r] = buffer.narrow(SEQ_DIM, 0, t.shape[SEQ_DIM])
+    return padded
+
+
+def _reduce_scatter(shares: dict[int, torch.Tensor], shards: Shards, rank: int) -> torch.Tensor:
+    """`rank`'s rows of the sum of its group's gathered-sequence gradients."""
+    group = _group_of(shards, rank)
+    total = shares[group[0]].clone()
+    for j in group[1:]:
+        total += shares[j]
+    if len(group) == 1:
+        return total
+    sizes = shards.kv_layout.sizes()
+    me = group.index(rank)
+    return total.narrow(SEQ_DIM, sum(sizes[:me]), sizes[me]).clone()
+
+
+def _combine(
+    results: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-rank (out, lse, max) as three LocalTensors."""
+    out, lse, top = (
+        compat.local_tensor_from({r: v[i] for r, v in results.items()}) for i in range(3)
+    )
+    return out, lse, top
