@@ -612,3 +612,16 @@ def test_eager_reshard_regathers_dtensor_parameters_in_backward() -> None:
         counts[reshard] = len(calls)
     # fc1.weight and fc2.weight are saved by their matmuls; biases are not saved.
     assert counts == {True: 2, False: 0}, counts
+
+
+# The demo's stack stage uses dt-cp's attention: a cross-plugin test.
+@pytest.mark.ranks(4, timeout=300)
+def test_stack_stage_loss_curve_equals_one_process() -> None:
+    from dt_fsdp_passes.demo import run_stack_stage
+
+    result = run_stack_stage(small=True)
+    assert result["ok"] and result["max_error"] <= result["tolerance"], result
+    sharded, single = result["losses"], result["reference_losses"]
+    assert len(sharded) == len(single) == 4
+    assert max(abs(a - b) for a, b in zip(sharded, single, strict=True)) <= 1e-5, result
+    assert single[-1] < single[0], "the demo should train: loss did not go down"

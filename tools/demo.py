@@ -29,14 +29,14 @@ import time
 import traceback
 from pathlib import Path
 
-# (row label, demo module, stage function, ranks it needs a multiple of)
+# (row label, demo module, stage function, ranks it needs a multiple of, other plugins)
 STAGES = [
-    ("dt-conv", "dt_conv.demo", "run_stage", 1),
-    ("dt-cp", "dt_cp.demo", "run_stage", 1),
-    ("dt-symm-mem", "dt_symm_mem.demo", "run_stage", 1),
-    ("dt-fsdp-passes", "dt_fsdp_passes.demo", "run_stage", 1),
+    ("dt-conv", "dt_conv.demo", "run_stage", 1, ()),
+    ("dt-cp", "dt_cp.demo", "run_stage", 1, ()),
+    ("dt-symm-mem", "dt_symm_mem.demo", "run_stage", 1, ()),
+    ("dt-fsdp-passes", "dt_fsdp_passes.demo", "run_stage", 1, ()),
     # FSDP x TP x CP on a (dp, cp, tp) = (world/4, 2, 2) mesh, compiled; a loss curve
-    ("dt-fsdp-passes stack", "dt_fsdp_passes.demo", "run_stack_stage", 4),
+    ("dt-fsdp-passes stack", "dt_fsdp_passes.demo", "run_stack_stage", 4, ("dt_cp",)),
 ]
 
 
@@ -82,7 +82,11 @@ def _init() -> None:
 
 
 def _run_stage(
-    module_name: str, small: bool, function: str = "run_stage", multiple: int = 1
+    module_name: str,
+    small: bool,
+    function: str = "run_stage",
+    multiple: int = 1,
+    requires: tuple[str, ...] = (),
 ) -> dict:
     """The stage's result; a stage that raises reports the error instead of stopping us."""
     import torch.distributed as dist
@@ -90,6 +94,9 @@ def _run_stage(
     top = module_name.split(".")[0]
     if importlib.util.find_spec(top) is None:
         return {"missing": True}
+    absent = [name for name in requires if importlib.util.find_spec(name) is None]
+    if absent:
+        return {"missing": True, "why": f"needs {', '.join(absent)} installed too"}
     if dist.get_world_size() % multiple:
         return {"missing": True, "why": f"needs a multiple of {multiple} ranks"}
     try:
@@ -222,14 +229,14 @@ def main() -> int:
     _init()
     import torch.distributed as dist
 
-    stages = [(m, m, "run_stage", 1) for m in args.stages] if args.stages else STAGES
+    stages = [(m, m, "run_stage", 1, ()) for m in args.stages] if args.stages else STAGES
     world = dist.get_world_size()
     backend = dist.get_backend()
     _say(f"dt-plugins demo: {world} ranks, {backend}, size {args.size}")
     rows = []
-    for i, (package, module, function, multiple) in enumerate(stages, 1):
+    for i, (package, module, function, multiple, requires) in enumerate(stages, 1):
         _say(f"[{i}/{len(stages)}] {package} ...")
-        result = _run_stage(module, args.size == "small", function, multiple)
+        result = _run_stage(module, args.size == "small", function, multiple, requires)
         if result.get("missing"):
             status = result.get("why", "not installed")
         elif "error" in result:
