@@ -198,7 +198,7 @@ def _plot(rows: list[tuple[str, dict]], out: Path) -> list[Path]:
         ax.set_ylabel("loss")
         ax.legend()
         fig.tight_layout()
-        written.append(out / f"loss-{package}.png")
+        written.append(out / f"loss-{package.replace(' ', '-')}.png")
         fig.savefig(written[-1], dpi=110)
         plt.close(fig)
     return written
