@@ -80,7 +80,7 @@ class _ContextParallelFlex(torch.autograd.Function):
 
 def _mods(score_mod: Any, block_mask: Any, q_len: int, kv_len: int) -> Any:
     """(score_mod, mask_mod, block visibility) for these arguments."""
-    from dt_core.compat.attention import is_traced
+    from dt_core.tracing import is_tracing
 
     mask_mod = visible = None
     if block_mask is not None:
@@ -92,7 +92,7 @@ def _mods(score_mod: Any, block_mask: Any, q_len: int, kv_len: int) -> Any:
                 "(dt_cp.create_block_mask)"
             )
         mask_mod = block_mask.mask_mod
-        if not is_traced(block_mask.kv_num_blocks):
+        if not is_tracing(block_mask.kv_num_blocks):
             visible = BlockVisibility.from_block_mask(block_mask)
     return score_mod, mask_mod, visible
 

@@ -65,9 +65,9 @@ def _setup(
     mask_buffers: tuple,
     joint_graph: Any = None,
 ) -> tuple:
-    from dt_core.compat.attention import is_traced
+    from dt_core.tracing import is_tracing
 
-    traced = is_traced(block_mask[2])
+    traced = is_tracing(block_mask[2])
     # torch's eager front end traces the operator once (fake tensors) before running it
     # for real: that trace only needs shapes, so it takes the traceable algorithm quietly.
     with settings(algorithm="allgather") if traced else contextlib.nullcontext():

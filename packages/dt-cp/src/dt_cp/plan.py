@@ -146,9 +146,9 @@ def _make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan |
         check_settings_agree(torch_state, settings)
         q_layout = torch_layout(torch_state, q.shape[SEQ_DIM], parts, "query", settings)
         kv_layout = torch_layout(torch_state, k.shape[SEQ_DIM], parts, "key", settings)
-        from dt_core.compat.attention import is_traced
+        from dt_core.tracing import is_tracing
 
-        if not is_traced(q.to_local()):
+        if not is_tracing(q.to_local()):
             local = {"query": q.to_local(), "key": k.to_local(), "value": v.to_local()}
             check_even_local_lengths(local, parts, group)
         algorithm = torch_algorithm(torch_state, settings)
@@ -172,12 +172,12 @@ def _rank_groups(mesh: DeviceMesh, cp: int) -> tuple[tuple[int, ...], ...] | Non
 def choose_algorithm(algorithm: str, like: DTensor) -> str:
     """The configured algorithm; "auto" gets the measured default, or the all-gather
     where the ring cannot run (traced code, LocalTensorMode's simulated ranks)."""
-    from dt_core.compat.attention import is_traced
+    from dt_core.tracing import is_tracing
 
     from . import simulated
 
     local = like.to_local()
-    traced = is_traced(local)
+    traced = is_tracing(local)
     if algorithm == "ring" and traced:
         warn_fallback_once_compile()
         return "allgather"

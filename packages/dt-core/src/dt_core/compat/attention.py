@@ -41,18 +41,6 @@ def remove_hop_subclass_impl(hop: Any, subclass: type, previous: Any) -> None:
     hop._dispatch_cache.clear()
 
 
-def is_traced(t: Any) -> bool:
-    """Whether `t` is a fake/functional tensor of a trace (torch.compile, export)."""
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch._subclasses.functional_tensor import FunctionalTensor
-
-    if torch.compiler.is_compiling():
-        return True
-    return isinstance(t, (FakeTensor, FunctionalTensor))
-
-
 def flex_attention_hops() -> tuple[Any, Any]:
     """torch's flex_attention forward and backward higher-order operators."""
     ensure_supported_torch(CHECKED_WITH_TORCH)
