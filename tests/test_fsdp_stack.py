@@ -250,6 +250,45 @@ def test_fsdp_x_spatial_conv(replicated_params: bool) -> None:
     assert errors[0] < TOL and errors[1] < TOL, errors
 
 
+@pytest.mark.ranks(4, timeout=600)
+def test_fsdp_x_spatial_conv_compiled_in_one_graph() -> None:
+    """simple_fsdp on "dp" and a spatially sharded conv net on "sp", compiled whole
+    (fullgraph: dt-conv's halo exchange and FSDP's collectives trace together)."""
+    import torch
+    from dt_core.testing import cpu_mesh
+    from dt_fsdp_passes import simple_fsdp
+    from torch import nn
+    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+
+    _setup()
+    torch._dynamo.reset()
+    mesh = cpu_mesh((2, 2), ("dp", "sp"))
+    reference = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1)
+    )
+    model = _clone(reference)
+    distribute_module(model, mesh["sp"])
+    simple_fsdp(model, mesh["dp"])
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    dp = mesh["dp"].get_local_rank()
+
+    def sharded_step(m, batch):
+        x, y = (t.chunk(2)[dp] for t in batch)
+        x, y = (distribute_tensor(t, mesh["sp"], [Shard(2)]) for t in (x, y))
+        out = compiled(x)
+        return ((out - y) ** 2).mean().full_tensor()
+
+    errors = _train(
+        reference,
+        model,
+        _mse_step(lambda t: t),
+        sharded_step,
+        _batches((4, 2, 8, 6)),
+        loss_mesh=mesh["dp"],
+    )
+    assert errors[0] < TOL and errors[1] < TOL, errors
+
+
 @pytest.mark.ranks(4, timeout=300)
 def test_fsdp_x_cp_flattened_mesh_attention() -> None:
     import torch.nn.functional as F
