@@ -69,6 +69,21 @@ def _on_rank(spec: AttentionSpec, shards: Shards, rank: int) -> tuple[AttentionS
     return spec, dataclasses.replace(shards, rank=group.index(rank))
 
 
+def _gathered_on_rank(
+    spec: AttentionSpec,
+    shards: Shards,
+    ks: dict[int, torch.Tensor],
+    vs: dict[int, torch.Tensor],
+    rank: int,
+) -> tuple[AttentionSpec, Shards, torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s spec and shards, and the K/V its group holds, gathered in rank order."""
+    spec_r, shards_r = _on_rank(spec, shards, rank)
+    group = _group_of(shards, rank)
+    k_all = torch.cat([ks[j] for j in group], SEQ_DIM)
+    v_all = torch.cat([vs[j] for j in group], SEQ_DIM)
+    return spec_r, shards_r, k_all, v_all
+
+
 def forward(
     algorithm: str,
     spec: AttentionSpec,
@@ -85,10 +100,7 @@ def forward(
     results: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     with compat.mode_disabled(mode):
         for r in ranks:
-            spec_r, shards_r = _on_rank(spec, shards, r)
-            group = _group_of(shards, r)
-            k_all = torch.cat([ks[j] for j in group], SEQ_DIM)
-            v_all = torch.cat([vs[j] for j in group], SEQ_DIM)
+            spec_r, shards_r, k_all, v_all = _gathered_on_rank(spec, shards, ks, vs, r)
             results[r] = gathered_forward(spec_r, shards_r, qs[r], k_all, v_all)
     return _combine(results)
 
@@ -114,10 +126,7 @@ def backward(
     dv_all: dict[int, torch.Tensor] = {}
     with compat.mode_disabled(mode):
         for r in ranks:
-            spec_r, shards_r = _on_rank(spec, shards, r)
-            group = _group_of(shards, r)
-            k_all = torch.cat([ks[j] for j in group], SEQ_DIM)
-            v_all = torch.cat([vs[j] for j in group], SEQ_DIM)
+            spec_r, shards_r, k_all, v_all = _gathered_on_rank(spec, shards, ks, vs, r)
             dq[r], dk_all[r], dv_all[r] = gathered_backward(
                 spec_r, shards_r, douts[r], qs[r], k_all, v_all, outs[r], lses[r]
             )
