@@ -141,7 +141,9 @@ class SettingsStore(Generic[T]):
     @contextlib.contextmanager
     def scoped(self, **changes: object) -> Iterator[T]:
         """These values inside the block only (None keeps the current one)."""
-        base = dataclasses.asdict(self.current())  # type: ignore[call-overload]
+        current = self.current()
+        # Shallow: asdict() would deep-copy fields such as tensors or balancer objects.
+        base = {name: getattr(current, name) for name in self.fields()}
         base.update({k: v for k, v in changes.items() if v is not None})
         token = self._scoped.set(self._build(base))
         try:
