@@ -67,7 +67,7 @@ def _parse_float(name: str, text: str) -> float:
 def _validated(settings: FsdpPassSettings) -> FsdpPassSettings:
     if settings.mode not in MODES:
         raise ValueError(f"dt_fsdp_passes: mode must be one of {MODES}, got {settings.mode!r}")
-    cap = settings.bucket_cap_mb
+    cap: object = settings.bucket_cap_mb  # configure() takes any value: check it
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
         raise ValueError(f"dt_fsdp_passes: bucket_cap_mb must be a positive number, got {cap!r}")
     if not isinstance(settings.overlap, bool):
