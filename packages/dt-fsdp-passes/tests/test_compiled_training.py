@@ -27,10 +27,11 @@ def _mlp_size_buckets() -> dict:
     from dt_core.compat.fsdp import compile_caches, run_and_get_code
     from dt_core.testing import cpu_mesh
     from dt_fsdp_passes.models import MLP, mse, train_and_compare, twin
-    from dt_fsdp_passes.passes import clear_pass_log
+    from dt_fsdp_passes.passes import clear_pass_log, counters
 
     torch._dynamo.reset()
     clear_pass_log()
+    counted_from = counters.snapshot()
     width, depth = 16, 6
     cap_mb = 2 * width * width * 4 / 2**20  # two weights per bucket
     dt_fsdp_passes.configure(mode="size", bucket_cap_mb=cap_mb, overlap=True)
@@ -69,6 +70,7 @@ def _mlp_size_buckets() -> dict:
         "errors": errors,
         "bucket": _records("bucket"),
         "overlap": _records("overlap"),
+        "counters": counters.changes(counted_from),
         "code_all_gathers": code.count("= torch.ops._c10d_functional.all_gather_into_tensor."),
         "code_reduce_scatters": code.count("= torch.ops._c10d_functional.reduce_scatter_tensor."),
     }
@@ -86,6 +88,14 @@ def test_compiled_mlp_buckets_by_size_and_matches_unsharded() -> None:
     assert backward["all_gather_before"] == depth - 1
     assert backward["reduce_scatter_before"] == depth
     assert backward["reduce_scatter_after"] == 3
+    # dt-core counters (`dt-plugins stats`): one forward and one backward graph.
+    counted = result["counters"]
+    assert counted["bucket_pass_runs"] == 2 and counted["overlap_pass_runs"] == 2, counted
+    assert counted["reduce_scatters_merged"] == depth - 3, counted
+    assert counted["all_gathers_merged"] == (depth - 3) + (
+        backward["all_gather_before"] - backward["all_gather_after"]
+    )
+    assert counted["graphs_reordered_for_overlap"] == 2, counted
     assert all(r["overlap_applied"] for r in result["overlap"][:2]), result["overlap"]
     # The generated forward code issues exactly the bucketed all-gathers.
     assert result["code_all_gathers"] == 3, result

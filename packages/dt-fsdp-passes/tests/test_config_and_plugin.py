@@ -20,21 +20,37 @@ def test_entry_point_names_the_plugin_module() -> None:
     assert eps.get("fsdp-passes") == "dt_fsdp_passes.plugin"
 
 
-def test_environment_overrides_defaults() -> None:
-    env = {
-        "DT_FSDP_MODE": "Module",
-        "DT_FSDP_BUCKET_CAP_MB": "2.5",
-        "DT_FSDP_OVERLAP": "off",
-        "DT_FSDP_OVERLAP_MAX_EXTRA_MB": "7",
-    }
-    got = config.settings_from_env(env)
+def _set_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    for name in [*config.LEGACY_ENV.values()] + [
+        config.settings.env_var(f) for f in config.LEGACY_ENV
+    ]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize("prefix", ["DT_FSDP_", "DT_FSDP_PASSES_"])
+def test_environment_overrides_defaults(monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+    mode = "Module" if prefix == "DT_FSDP_" else "module"  # the old names took any case
+    env = {"MODE": mode, "BUCKET_CAP_MB": "2.5", "OVERLAP": "off", "OVERLAP_MAX_EXTRA_MB": "7"}
+    _set_env(monkeypatch, {prefix + k: v for k, v in env.items()})
+    got = config.current_settings()
     assert (got.mode, got.bucket_cap_mb, got.overlap, got.overlap_max_extra_mb) == (
         "module",
         2.5,
         False,
         7.0,
     )
-    assert config.settings_from_env({}) == config.FsdpPassSettings()
+    sources = {row["name"]: row["source"] for row in config.settings.describe()}
+    assert set(sources.values()) == {"environment"}
+    _set_env(monkeypatch, {})
+    assert config.current_settings() == config.FsdpPassSettings()
+
+
+def test_new_variable_names_win_over_the_old(monkeypatch: pytest.MonkeyPatch) -> None:
+    _set_env(monkeypatch, {"DT_FSDP_BUCKET_CAP_MB": "2", "DT_FSDP_PASSES_BUCKET_CAP_MB": "5"})
+    assert config.current_settings().bucket_cap_mb == 5.0
+    assert config.configure(bucket_cap_mb=1).bucket_cap_mb == 1.0  # configure() wins over both
 
 
 @pytest.mark.parametrize(
@@ -44,14 +60,19 @@ def test_environment_overrides_defaults() -> None:
         {"DT_FSDP_BUCKET_CAP_MB": "-1"},
         {"DT_FSDP_BUCKET_CAP_MB": "lots"},
         {"DT_FSDP_OVERLAP": "maybe"},
+        {"DT_FSDP_PASSES_MODE": "bogus"},
+        {"DT_FSDP_PASSES_BUCKET_CAP_MB": "-1"},
+        {"DT_FSDP_PASSES_OVERLAP": "maybe"},
     ],
 )
-def test_bad_environment_values_are_named(env: dict) -> None:
+def test_bad_environment_values_are_named(monkeypatch: pytest.MonkeyPatch, env: dict) -> None:
+    _set_env(monkeypatch, env)
     with pytest.raises(ValueError, match=next(iter(env))):
-        config.settings_from_env(env)
+        config.current_settings()
 
 
-def test_configure_validates_and_resets() -> None:
+def test_configure_validates_and_resets(monkeypatch: pytest.MonkeyPatch) -> None:
+    _set_env(monkeypatch, {})
     new = config.configure(bucket_cap_mb=3, mode="module", overlap=False)
     assert config.current_settings() == new
     assert new.as_dict() == {
@@ -67,7 +88,12 @@ def test_configure_validates_and_resets() -> None:
     with pytest.raises(TypeError, match="unknown settings"):
         config.configure(cap=1)
     assert config.current_settings() == new  # failed calls change nothing
-    assert config.configure(reset=True) == config.settings_from_env()
+    assert config.configure(overlap_max_extra_mb=2).overlap_max_extra_mb == 2.0
+    assert config.configure(overlap_max_extra_mb=None).overlap_max_extra_mb is None  # a value
+    with config.settings.scoped(mode="off") as scoped:
+        assert config.current_settings() == scoped and scoped.mode == "off"
+    assert config.current_settings().mode == "module"
+    assert config.configure(reset=True) == config.FsdpPassSettings()
 
 
 def test_pass_settings_and_uuid_follow_configure() -> None:
@@ -88,18 +114,26 @@ def test_pass_settings_and_uuid_follow_configure() -> None:
 
 
 def test_dt_plugins_list_shows_the_passes_and_settings() -> None:
-    import json
+    import os
     import subprocess
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "dt_core.cli", "list", "--json"],
+        [sys.executable, "-m", "dt_core.cli", "list", "--settings"],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**__import__("os").environ, "DT_FSDP_BUCKET_CAP_MB": "3"},
+        env={**os.environ, "DT_FSDP_BUCKET_CAP_MB": "3"},  # the old name still counts
     )
     assert out.returncode == 0, out.stderr
-    text = json.dumps(json.loads(out.stdout))
-    assert "fsdp-passes" in text and "bucket" in text and "overlap" in text
-    assert '"bucket_cap_mb": 3.0' in text
+    text = out.stdout
+    assert "fsdp-passes:bucket" in text and "fsdp-passes:overlap" in text
+    assert '"bucket_cap_mb": 3.0' in text  # the passes' settings (their cache key)
+    rows = [line.split() for line in text.splitlines() if line.startswith("fsdp-passes ")]
+    assert [
+        "fsdp-passes",
+        "bucket_cap_mb",
+        "3.0",
+        "environment",
+        "DT_FSDP_PASSES_BUCKET_CAP_MB",
+    ] in rows

@@ -78,14 +78,20 @@ class Bucket:
 
 def _ag_args(node: fx.Node) -> tuple[fx.Node, int, str]:
     args = list(node.args) + [node.kwargs.get(k) for k in ("group_size", "group_name")]
-    return args[0], int(args[1]), str(args[2])  # type: ignore[return-value]
+    source, size = args[0], args[1]
+    if not isinstance(source, fx.Node) or not isinstance(size, int):
+        raise TypeError(f"dt_fsdp_passes: unexpected all_gather arguments {node.args}")
+    return source, size, str(args[2])
 
 
 def _rs_args(node: fx.Node) -> tuple[fx.Node, str, int, str]:
     args = list(node.args)
     for name in ("reduce_op", "group_size", "group_name")[len(args) - 1 :]:
         args.append(node.kwargs[name])
-    return args[0], str(args[1]), int(args[2]), str(args[3])  # type: ignore[return-value]
+    source, size = args[0], args[2]
+    if not isinstance(source, fx.Node) or not isinstance(size, int):
+        raise TypeError(f"dt_fsdp_passes: unexpected reduce_scatter arguments {node.args}")
+    return source, str(args[1]), size, str(args[3])
 
 
 _ROOT = re.compile(r"^[LG]\[[^\]]*\]")

@@ -1,17 +1,22 @@
-"""Settings of the bucketing / overlap passes: defaults, environment variables, configure().
+"""Settings of the bucketing / overlap passes, on dt-core's settings convention.
 
-The passes read `current_settings()` at compile time, and the plugin's GraphPass reports
-the same dict as its settings, so changing a setting changes the pass's cache uuid and
-Inductor recompiles instead of serving a graph bucketed under the old settings.
+`settings` is a `dt_core.kit.SettingsStore("fsdp-passes", FsdpPassSettings)`: values come
+from `settings.scoped(...)`, `configure(...)`, the environment (`DT_FSDP_PASSES_<FIELD>`;
+the older `DT_FSDP_<FIELD>` names are still read, the new ones win), then the defaults.
+`dt-plugins list --settings` lists them. The passes read `current_settings()` at compile
+time, and the plugin's GraphPass reports the same dict as its settings, so changing a
+setting changes the pass's cache uuid and Inductor recompiles instead of serving a graph
+bucketed under the old settings. Light at import (plugin.py loads it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from dt_core.kit import SettingsStore
 
 Mode = Literal["size", "module", "off"]
 MODES: tuple[str, ...] = ("size", "module", "off")
@@ -20,10 +25,13 @@ MODES: tuple[str, ...] = ("size", "module", "off")
 # flattens out once buckets reach a few MB; larger caps only delay the first compute.
 DEFAULT_BUCKET_CAP_MB = 4.0
 
-ENV_MODE = "DT_FSDP_MODE"
-ENV_BUCKET_CAP_MB = "DT_FSDP_BUCKET_CAP_MB"
-ENV_OVERLAP = "DT_FSDP_OVERLAP"
-ENV_MAX_EXTRA_MB = "DT_FSDP_OVERLAP_MAX_EXTRA_MB"
+# Variable names from before the move onto dt-core's convention, still accepted.
+LEGACY_ENV = {
+    "mode": "DT_FSDP_MODE",
+    "bucket_cap_mb": "DT_FSDP_BUCKET_CAP_MB",
+    "overlap": "DT_FSDP_OVERLAP",
+    "overlap_max_extra_mb": "DT_FSDP_OVERLAP_MAX_EXTRA_MB",
+}
 
 
 @dataclass(frozen=True)
@@ -44,89 +52,102 @@ class FsdpPassSettings:
     overlap: bool = True
     overlap_max_extra_mb: float | None = None
 
+    def __post_init__(self) -> None:
+        # configure() accepts any value: check every field, whatever mypy knows of it.
+        if self.mode not in MODES:
+            raise ValueError(f"dt_fsdp_passes: mode must be one of {MODES}, got {self.mode!r}")
+        cap: object = self.bucket_cap_mb
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+            raise ValueError(
+                f"dt_fsdp_passes: bucket_cap_mb must be a positive number, got {cap!r}"
+            )
+        object.__setattr__(self, "bucket_cap_mb", float(cap))
+        overlap: object = self.overlap
+        if not isinstance(overlap, bool):
+            raise ValueError(f"dt_fsdp_passes: overlap must be a bool, got {overlap!r}")
+        extra: object = self.overlap_max_extra_mb
+        if extra is not None and (
+            isinstance(extra, bool) or not isinstance(extra, (int, float)) or not extra >= 0
+        ):
+            raise ValueError(
+                f"dt_fsdp_passes: overlap_max_extra_mb must be None or >= 0, got {extra!r}"
+            )
+
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _parse_bool(name: str, text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={text!r}: expected 1/0, true/false, yes/no or on/off")
-
-
-def _parse_float(name: str, text: str) -> float:
+def _parse_legacy(field: str, name: str, text: str) -> object:
+    """A `DT_FSDP_<FIELD>` value, parsed as before (mode case-insensitive)."""
+    if field == "mode":
+        return text.strip().lower()
+    if field == "overlap":
+        lowered = text.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name}={text!r}: expected 1/0, true/false, yes/no or on/off")
     try:
         return float(text)
     except ValueError:
         raise ValueError(f"{name}={text!r}: expected a number") from None
 
 
-def _validated(settings: FsdpPassSettings) -> FsdpPassSettings:
-    if settings.mode not in MODES:
-        raise ValueError(f"dt_fsdp_passes: mode must be one of {MODES}, got {settings.mode!r}")
-    cap = settings.bucket_cap_mb
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
-        raise ValueError(f"dt_fsdp_passes: bucket_cap_mb must be a positive number, got {cap!r}")
-    if not isinstance(settings.overlap, bool):
-        raise ValueError(f"dt_fsdp_passes: overlap must be a bool, got {settings.overlap!r}")
-    extra = settings.overlap_max_extra_mb
-    if extra is not None and (isinstance(extra, bool) or not extra >= 0):
-        raise ValueError(
-            f"dt_fsdp_passes: overlap_max_extra_mb must be None or >= 0, got {extra!r}"
-        )
-    return dataclasses.replace(settings, bucket_cap_mb=float(cap))
+class _FsdpSettingsStore(SettingsStore[FsdpPassSettings]):
+    """dt-core's store, plus the legacy variable names and an explicit None in configure().
+
+    Overrides two store internals; dt-core has no alias / explicit-None option yet.
+    """
+
+    def _from_environment(self) -> dict[str, object]:
+        values: dict[str, object] = {}
+        used: list[str] = []
+        for field, name in LEGACY_ENV.items():
+            text = os.environ.get(name)
+            if text is not None:
+                values[field] = _parse_legacy(field, name, text)
+                used.append(f"{name}={text!r}")
+        for field in self.fields():
+            if self.env_var(field) in os.environ:
+                used.append(f"{self.env_var(field)}={os.environ[self.env_var(field)]!r}")
+        values.update(super()._from_environment())
+        if used:  # a bad value should name the variable it came from
+            try:
+                self.schema(**values)  # type: ignore[arg-type]  # the fields are checked there
+            except ValueError as error:
+                raise ValueError(f"{error} (from the environment: {', '.join(used)})") from None
+        return values
+
+    def configure(self, **changes: object) -> FsdpPassSettings:
+        """Like the store's, but None is a value (overlap_max_extra_mb=None), not "keep"."""
+        merged = {**self._configured, **changes}
+        new = self._build({**self._from_environment(), **merged})
+        self._configured = merged
+        return new
 
 
-def settings_from_env(environ: dict[str, str] | None = None) -> FsdpPassSettings:
-    """Defaults overridden by DT_FSDP_MODE, DT_FSDP_BUCKET_CAP_MB, DT_FSDP_OVERLAP, ..."""
-    env = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    if ENV_MODE in env:
-        values["mode"] = env[ENV_MODE].strip().lower()
-    if ENV_BUCKET_CAP_MB in env:
-        values["bucket_cap_mb"] = _parse_float(ENV_BUCKET_CAP_MB, env[ENV_BUCKET_CAP_MB])
-    if ENV_OVERLAP in env:
-        values["overlap"] = _parse_bool(ENV_OVERLAP, env[ENV_OVERLAP])
-    if ENV_MAX_EXTRA_MB in env:
-        values["overlap_max_extra_mb"] = _parse_float(ENV_MAX_EXTRA_MB, env[ENV_MAX_EXTRA_MB])
-    try:
-        return _validated(FsdpPassSettings(**values))
-    except ValueError as error:
-        used = [f"{k}={env[k]!r}" for k in (ENV_MODE, ENV_BUCKET_CAP_MB, ENV_OVERLAP) if k in env]
-        raise ValueError(f"{error} (from the environment: {', '.join(used)})") from None
-
-
-_lock = threading.Lock()
-_current: FsdpPassSettings | None = None
+settings = _FsdpSettingsStore("fsdp-passes", FsdpPassSettings)
 
 
 def current_settings() -> FsdpPassSettings:
-    """The settings the next compile uses (environment at first use, then configure())."""
-    global _current
-    with _lock:
-        if _current is None:
-            _current = settings_from_env()
-        return _current
+    """The settings the next compile uses."""
+    return settings.current()
 
 
 def configure(**changes: Any) -> FsdpPassSettings:
     """Change settings for later compiles: mode, bucket_cap_mb, overlap, overlap_max_extra_mb.
 
-    `configure(reset=True)` goes back to the environment's values. Returns the new settings.
+    `configure(reset=True)` goes back to the environment's values (then applies any other
+    changes given). Returns the new settings; a failed call changes nothing.
     """
-    global _current
-    reset = changes.pop("reset", False)
-    known = {f.name for f in dataclasses.fields(FsdpPassSettings)}
-    unknown = sorted(set(changes) - known)
-    if unknown:
-        raise TypeError(
-            f"dt_fsdp_passes.configure: unknown settings {unknown}; known: {sorted(known)}"
-        )
-    base = settings_from_env() if reset else current_settings()
-    new = _validated(dataclasses.replace(base, **changes))
-    with _lock:
-        _current = new
-    return new
+    reset = bool(changes.pop("reset", False))
+    if reset:
+        saved = settings._configured
+        settings.reset()
+        try:
+            return settings.configure(**changes)
+        except Exception:
+            settings._configured = saved
+            raise
+    return settings.configure(**changes)

@@ -25,8 +25,8 @@ def _device() -> torch.device:
 
 def _train(
     reference: torch.nn.Module, mode: str, batches: list, device: torch.device, lr: float
-) -> tuple[float, list[float], dict[str, torch.Tensor]]:
-    """Compile and train a sharded copy of `reference`; return loss error inputs and times."""
+) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
+    """Compile and train a sharded copy of `reference`; return step times, losses, state."""
     import copy
 
     from torch.distributed.device_mesh import init_device_mesh
@@ -40,7 +40,8 @@ def _train(
     model = dt_fsdp_passes.simple_fsdp(copy.deepcopy(reference).to(device), mesh)
     compiled = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    times, losses = [], []
+    times: list[float] = []
+    losses: list[float] = []
     try:
         for x, y in batches:
             xs, ys = x.chunk(world)[rank].to(device), y.chunk(world)[rank].to(device)
@@ -147,7 +148,7 @@ def _stack_model(dim: int, heads: int) -> torch.nn.Module:
             if cp_mesh is not None:
                 q, k, v = (DTensor.from_local(t, cp_mesh, [Shard(2)]) for t in (q, k, v))
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            if cp_mesh is not None:
+            if isinstance(o, DTensor):  # the context-parallel path (cp_mesh given)
                 o = o.to_local()
             x = x + self.wo(o.transpose(1, 2).reshape(b, s, dim // tp))
             return x + self.fc2(torch.relu(self.fc1(x)))
@@ -168,6 +169,7 @@ def run_stack_stage(small: bool = True) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        ParallelStyle,
         RowwiseParallel,
         parallelize_module,
     )
@@ -189,7 +191,7 @@ def run_stack_stage(small: bool = True) -> dict:
     fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp_demo_stack")
     torch._dynamo.reset()
     model = copy.deepcopy(reference).to(device)
-    plan = {n: ColwiseParallel() for n in ("wq", "wk", "wv", "fc1")}
+    plan: dict[str, ParallelStyle] = {n: ColwiseParallel() for n in ("wq", "wk", "wv", "fc1")}
     plan.update({n: RowwiseParallel() for n in ("wo", "fc2")})
     parallelize_module(model, mesh["tp"], plan)
     dt_fsdp_passes.simple_fsdp(model, fsdp_mesh)

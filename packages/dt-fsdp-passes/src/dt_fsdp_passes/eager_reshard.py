@@ -90,7 +90,9 @@ def _pack(tensor: torch.Tensor) -> Any:
     if local is None:
         return tensor
     entry = _live.get(_address(local))
-    gathered = entry[0]() if entry is not None else None
+    if entry is None:
+        return tensor
+    gathered = entry[0]()
     if gathered is not None and gathered.dtype == tensor.dtype:
         dtensor = None if local is tensor else tensor
         return _Regather(entry[1], entry[2], entry[3], local, dtensor)
@@ -131,4 +133,4 @@ def wrap_forward(module: nn.Module) -> None:
         with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
             return original(*args, **kwargs)
 
-    module.forward = forward  # type: ignore[method-assign]
+    module.forward = forward

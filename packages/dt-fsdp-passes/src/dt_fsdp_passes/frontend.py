@@ -107,8 +107,11 @@ def _gathered(param: Any, layout: ParamLayout, spec: _GatherSpec) -> torch.Tenso
 
 def _property_for(name: str) -> property:
     def getter(self: nn.Module) -> torch.Tensor:
-        param = self._parameters[name]
-        return _gathered(param, self._dt_fsdp_layouts[name], self._dt_fsdp_spec)
+        # Set with object.__setattr__ by simple_fsdp, so they live in the instance dict.
+        state = vars(self)
+        layouts: dict[str, ParamLayout] = state["_dt_fsdp_layouts"]
+        spec: _GatherSpec = state["_dt_fsdp_spec"]
+        return _gathered(self._parameters[name], layouts[name], spec)
 
     def setter(self: nn.Module, value: Any) -> None:
         # nn.Module.__setattr__ is bypassed by the property: keep its Parameter handling.
@@ -127,7 +130,7 @@ def _sharded_subclass(cls: type, names: tuple[str, ...]) -> type:
     key = (cls, names)
     sub = _SUBCLASS_CACHE.get(key)
     if sub is None:
-        attrs = {name: _property_for(name) for name in names}
+        attrs: dict[str, Any] = {name: _property_for(name) for name in names}
         attrs["_dt_fsdp_original_class"] = cls
         sub = type(f"SimpleFSDP{cls.__name__}", (cls,), attrs)
         _SUBCLASS_CACHE[key] = sub
@@ -153,14 +156,15 @@ def simple_fsdp(
     check_fsdp_mesh(mesh)
     spec = _GatherSpec(mp_policy or MixedPrecision(), bool(reshard_after_forward))
     for submodule in list(module.modules()):
-        names = tuple(name for name, p in submodule._parameters.items() if p is not None)
+        params = {name: p for name, p in submodule._parameters.items() if p is not None}
+        names = tuple(params)
         if not names:
             continue
         if getattr(submodule, "_dt_fsdp_spec", None) is not None:
             raise ValueError("simple_fsdp: module already sharded")
-        layouts = {}
-        for name in names:
-            stored, layouts[name] = shard_parameter(name, submodule._parameters[name], mesh)
+        layouts: dict[str, ParamLayout] = {}
+        for name, param in params.items():
+            stored, layouts[name] = shard_parameter(name, param, mesh)
             submodule._parameters[name] = stored
         submodule.__class__ = _sharded_subclass(type(submodule), names)
         object.__setattr__(submodule, "_dt_fsdp_layouts", layouts)

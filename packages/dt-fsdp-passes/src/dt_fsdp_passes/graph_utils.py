@@ -35,7 +35,8 @@ def nbytes(value: Any) -> int:
     """Bytes of a (fake) tensor, or of a tuple/list of them; 0 for anything else."""
     if isinstance(value, torch.Tensor):
         numel = value.numel()
-        return int(numel) * value.element_size() if isinstance(numel, int) else 0
+        # Symbolic sizes (SymInt) have no fixed byte count; count them as 0.
+        return numel * value.element_size() if type(numel) is int else 0
     if isinstance(value, (tuple, list)):
         return sum(nbytes(v) for v in value)
     return 0

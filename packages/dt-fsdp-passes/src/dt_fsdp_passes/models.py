@@ -35,6 +35,7 @@ class BlockMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
+            assert isinstance(block, nn.Sequential)  # built so in __init__; narrows for mypy
             for layer in block:
                 x = torch.relu(layer(x))
         return x

@@ -1,7 +1,8 @@
 """Hookimpls of the `fsdp-passes` plugin: two Inductor post-grad passes.
 
 Light at import: the pass functions live in `dt_fsdp_passes.passes`, imported only when
-Inductor's config is first imported (that is when dt-core calls this hook).
+Inductor's config is first imported (that is when dt-core calls this hook). The settings
+module is imported here (it is light) so `dt-plugins list --settings` shows its store.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from dt_core import GraphPass, hookimpl
+
+from dt_fsdp_passes.config import settings
 
 DT_API = ">=1.0,<2"  # dt-core hook API this plugin is written for
 
@@ -24,10 +27,9 @@ OVERLAP_ORDER = 20
 
 
 def _settings() -> dict[str, Any]:
-    from dt_fsdp_passes.config import current_settings
     from dt_fsdp_passes.groups import as_dict
 
-    return {**current_settings().as_dict(), **as_dict()}
+    return {**settings.current().as_dict(), **as_dict()}
 
 
 def _bucket(graph: Any) -> None:
