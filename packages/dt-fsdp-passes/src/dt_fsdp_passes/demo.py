@@ -34,7 +34,7 @@ def _train(
     import dt_fsdp_passes
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch._dynamo.reset()
+    torch.compiler.reset()
     dt_fsdp_passes.configure(mode=mode)
     mesh = init_device_mesh(device.type, (world,))
     model = dt_fsdp_passes.simple_fsdp(copy.deepcopy(reference).to(device), mesh)
@@ -188,8 +188,10 @@ def run_stack_stage(small: bool = True) -> dict:
         (torch.randn(world // 2, seq, dim), torch.randn(world // 2, seq, dim)) for _ in range(steps)
     ]
     mesh = init_device_mesh(device.type, (world // 4, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
-    fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp_demo_stack")
-    torch._dynamo.reset()
+    from dt_core.compat.fsdp import flatten_mesh
+
+    fsdp_mesh = flatten_mesh(mesh["dp", "cp"], "dp_cp_demo_stack")
+    torch.compiler.reset()
     model = copy.deepcopy(reference).to(device)
     plan: dict[str, ParallelStyle] = {n: ColwiseParallel() for n in ("wq", "wk", "wv", "fc1")}
     plan.update({n: RowwiseParallel() for n in ("wo", "fc2")})

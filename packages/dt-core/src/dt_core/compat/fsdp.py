@@ -1,8 +1,8 @@
-"""Private torch APIs used by the `fsdp-passes` plugin (dt-fsdp-passes).
+"""Private torch APIs used by the `fsdp-passes` plugin (dt-fsdp-passes); checked against
+torch 2.13.x (`CHECKED_WITH_TORCH`, passed to the shared version check).
 
 Interface:
     fake_mode_for(values) -> FakeTensorMode | None   (the fake mode of a post-grad graph)
-    inductor_settings(**values) -> context manager   (patch torch._inductor.config)
     run_and_get_code(fn, *args) -> (result, [source]) (Inductor's generated code)
     compile_counters() -> dict                       (Inductor + AOTAutograd event counters)
     clear_compile_counters()
@@ -10,6 +10,7 @@ Interface:
     pin_order(graph, deps)                           (control deps Inductor keeps)
     same_rank_map(a, b), concatenate_meshes([m, ...]) (n-D meshes for DTensor parameters)
     strided_shard(dim, split_factor), is_strided_shard(p)  (FSDP over a TP-sharded dim)
+    flatten_mesh(mesh, name)                         (one dim from several: dp x cp)
 """
 
 from __future__ import annotations
@@ -20,26 +21,20 @@ from typing import Any
 
 from . import ensure_supported_torch
 
+CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+
 
 def fake_mode_for(values: Iterable[Any]) -> Any:
     """The FakeTensorMode that produced `values` (node.meta["val"] of a graph), or None."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch._guards import detect_fake_mode
 
     return detect_fake_mode(list(values))
 
 
-def inductor_settings(**values: Any) -> AbstractContextManager[Any]:
-    """Temporarily set torch._inductor.config entries (e.g. fx_graph_cache=False)."""
-    ensure_supported_torch()
-    import torch._inductor.config as config
-
-    return config.patch(values)
-
-
 def run_and_get_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
     """Run `fn` (which compiles with Inductor) and return its result and generated code."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch._inductor.utils import run_and_get_code as _run_and_get_code
 
     return _run_and_get_code(fn, *args, **kwargs)
@@ -48,14 +43,14 @@ def run_and_get_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple
 def compile_counters() -> dict[str, int]:
     """Copies of Inductor's and AOTAutograd's event counters, merged (fxgraph_cache_hit,
     fxgraph_cache_miss, autograd_cache_hit, autograd_cache_miss, ...)."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch._dynamo.utils import counters
 
     return {**counters["inductor"], **counters["aot_autograd"]}
 
 
 def clear_compile_counters() -> None:
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch._dynamo.utils import counters
 
     counters["inductor"].clear()
@@ -68,7 +63,7 @@ def compile_caches(enabled: bool) -> AbstractContextManager[Any]:
     Off makes every compile run the graph passes (kernel code caches stay on, so the
     C++ compile of an unchanged kernel is still reused).
     """
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     import contextlib
 
     import torch._functorch.config as functorch_config
@@ -87,7 +82,7 @@ def pin_order(graph: Any, deps: dict[Any, list[Any]]) -> None:
     back next to its wait; control dependencies (the `control_deps` higher-order op, as
     Inductor's own overlap scheduler uses) keep the order an FX pass chose.
     """
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
     from torch.utils._ordered_set import OrderedSet
 
@@ -98,7 +93,7 @@ def same_rank_map(a: Any, b: Any) -> bool:
     """Whether two meshes index the same arrangement of ranks (torch's condition for
     joining their dims): sub-meshes of one root, or of equal roots. torch caches sliced
     meshes by layout, so a slice may report another equal root as its own."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     return a.device_type == b.device_type and a._flatten_rank_map == b._flatten_rank_map
 
 
@@ -108,7 +103,7 @@ def concatenate_meshes(meshes: list[Any]) -> Any:
     Raises ValueError when they come from different roots or share ranks along a dim
     (overlap), or when a mesh has no dim names (torch needs them to join meshes).
     """
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch.distributed.device_mesh import DeviceMesh
 
     if any(m.mesh_dim_names is None for m in meshes):
@@ -122,14 +117,21 @@ def concatenate_meshes(meshes: list[Any]) -> Any:
 def strided_shard(dim: int, split_factor: int) -> Any:
     """A Shard(dim) placement applied before the later mesh dims' shards of the same tensor
     dim (torch's `_StridedShard`): FSDP's layout over a TP-sharded dim, as FSDP2 stores it."""
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch.distributed.tensor.placement_types import _StridedShard
 
     return _StridedShard(dim, split_factor=split_factor)
 
 
 def is_strided_shard(placement: Any) -> bool:
-    ensure_supported_torch()
+    ensure_supported_torch(CHECKED_WITH_TORCH)
     from torch.distributed.tensor.placement_types import _StridedShard
 
     return isinstance(placement, _StridedShard)
+
+
+def flatten_mesh(mesh: Any, name: str) -> Any:
+    """One mesh dim from all of `mesh`'s dims (torchtitan's dp x cp FSDP mesh), named
+    `name`; DeviceMesh._flatten in torch 2.13."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    return mesh._flatten(name)
