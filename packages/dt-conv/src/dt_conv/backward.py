@@ -7,6 +7,8 @@ the mesh dims that split the input. Only gradients in `output_mask` are computed
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
@@ -32,19 +34,13 @@ def convolution_backward_handler(
     op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
 ) -> object:
     """Exact gradients for the layouts `forward` supports; replicated fallback else."""
-    (
-        grad_out,
-        x,
-        weight,
-        bias_sizes,
-        stride,
-        padding,
-        dilation,
-        transposed,
-        out_pad,
-        groups,
-        mask,
-    ) = bind(op_call, args, kwargs)
+    values = bind(op_call, args, kwargs)
+    # types as aten.convolution_backward's schema declares them
+    grad_out, x = cast(DTensor, values[0]), cast(DTensor, values[1])
+    weight, bias_sizes = cast(torch.Tensor, values[2]), values[3]
+    stride, padding, dilation = (cast(list[int], v) for v in values[4:7])
+    transposed, out_pad = cast(bool, values[7]), cast(list[int], values[8])
+    groups, mask = cast(int, values[9]), cast(list[bool], values[10])
     rest = [stride, padding, dilation, transposed, out_pad, groups, mask]  # for the fallback
     if transposed:
         from . import transposed as tr
@@ -75,8 +71,8 @@ def convolution_backward_handler(
                 rest,
             )
         mesh = plan.mesh
-        g = grad_out.redistribute(mesh, grad_output_placements(layout, plan.placements))
-        g = g.to_local()
+        g_placements = grad_output_placements(layout, plan.placements)
+        g = grad_out.redistribute(mesh, g_placements).to_local()
         w = local_weight(layout, weight, x)
         groups = local_groups(layout, groups)
         xl = x.to_local()
@@ -99,12 +95,12 @@ def convolution_backward_handler(
             gi = _home(plan, layout, gi)
         grad_input = grad_weight = grad_bias = None
         if mask[0]:
-            grad_input = as_dtensor(gi, mesh, plan.placements, x.shape)
+            grad_input = as_dtensor(_wanted(gi), mesh, plan.placements, x.shape)
         if mask[1]:
-            gw = summed(gw, mesh, plan.reduce_mesh_dims)
+            gw = summed(_wanted(gw), mesh, plan.reduce_mesh_dims)
             grad_weight = weight_gradient(layout, gw, weight, x)
         if mask[2]:
-            gb = summed(gb, mesh, plan.reduce_mesh_dims)
+            gb = summed(_wanted(gb), mesh, plan.reduce_mesh_dims)
             grad_bias = bias_gradient(layout, gb, bias_sizes, weight, x)
         return grad_input, grad_weight, grad_bias
 
@@ -137,6 +133,13 @@ def _local_backward(
     )
 
 
+def _wanted(gradient: torch.Tensor | None) -> torch.Tensor:
+    """A gradient its `output_mask` entry asked for: the kernels return one for those."""
+    if gradient is None:
+        raise RuntimeError("dt-conv: convolution_backward returned no gradient it was asked for")
+    return gradient
+
+
 def _home(plan: ConvPlan, layout: ChannelLayout, gi: torch.Tensor | None) -> torch.Tensor | None:
     """The window's input gradient summed into the rows this rank owns."""
     if gi is None:
@@ -167,7 +170,10 @@ def _overlapped_gradients(
     split = plan.splits[0]
     pending_input = PendingWindow(xl, split, plan.mesh, 0.0)
     shape_only = xl.new_zeros(()).expand(window_shape(plan.spatial, xl.shape))
-    gi, _, _ = _local_backward(plan, g, shape_only, w, bias_sizes, groups, [True, False, False])
+    gi_window, _, _ = _local_backward(
+        plan, g, shape_only, w, bias_sizes, groups, [True, False, False]
+    )
+    gi = _wanted(gi_window)
     if layout.kind == "out":
         gi = summed(gi, plan.mesh, (layout.mesh_dim,))
     pending_grad = PendingScatter(gi, split, plan.mesh)

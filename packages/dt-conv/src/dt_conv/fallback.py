@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from dt_core.dtensors import as_dtensor, forget_warnings, warn_once
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 
 def warn_fallback(op: str, reason: str) -> None:
@@ -53,7 +54,9 @@ def replicated_op(name: str, op_call: Callable[..., object], args: tuple, kwargs
         full = as_dtensor(t, mesh, [Replicate()] * mesh.ndim, t.shape)
         like = next((d for d in dtensors if d.shape == t.shape), dtensors[0])
         target = target_placements(tuple(like.placements))
-        if like.device_mesh != mesh or any(p.is_shard() and p.dim >= t.ndim for p in target):
+        if like.device_mesh != mesh or any(
+            p.is_shard() and cast(Shard, p).dim >= t.ndim for p in target
+        ):
             return full
         return full.redistribute(mesh, target)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate
@@ -37,9 +38,13 @@ def local_out_shape(plan: ConvPlan, window: torch.Tensor) -> list[int]:
 
 def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """Exact convolution for spatially and batch sharded inputs; replicated fallback else."""
-    x, weight, bias, stride, padding, dilation, transposed, out_pad, groups = bind(
-        op_call, args, kwargs
-    )
+    values = bind(op_call, args, kwargs)
+    # types as aten.convolution's schema declares them
+    x, weight = cast(DTensor, values[0]), cast(torch.Tensor, values[1])
+    bias = cast("torch.Tensor | None", values[2])
+    stride, padding, dilation = (cast(list[int], v) for v in values[3:6])
+    transposed, out_pad = cast(bool, values[6]), cast(list[int], values[7])
+    groups = cast(int, values[8])
     rest = [stride, padding, dilation, transposed, out_pad, groups]  # for the fallback
     if transposed:
         from . import transposed as tr
@@ -219,7 +224,11 @@ def _block(out: torch.Tensor, rows: list[_Rows], region: list[tuple[int, int]]) 
 
 
 def _fallback(
-    op_call: torch._ops.OpOverload, x: object, weight: object, bias: object, rest: list
+    op_call: torch._ops.OpOverload,
+    x: object,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    rest: list,
 ) -> object:
     dtensors = [t for t in (x, weight, bias) if isinstance(t, DTensor)]
     mesh = dtensors[0].device_mesh

@@ -64,7 +64,9 @@ def _rows_from(split: DimSplit, reader: int, owner: int) -> list[int]:
 @functools.lru_cache(maxsize=512)
 def exchange_plan(split: DimSplit, me: int) -> Exchange:
     mine = split.owned_in(me)
-    sends, recvs, where = [], [], {}
+    sends: list[tuple[int, tuple[int, ...]]] = []
+    recvs: list[tuple[int, int]] = []
+    where: dict[int, tuple[int, int]] = {}
     for r in range(split.parts):
         if r == me:
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import overload
 
 import torch
 from dt_core.dtensors import as_dtensor
@@ -25,11 +26,17 @@ def bind(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[obje
     return values
 
 
-def replicated_local(t: object) -> torch.Tensor | None:
+@overload
+def replicated_local(t: torch.Tensor) -> torch.Tensor: ...
+@overload
+def replicated_local(t: torch.Tensor | None) -> torch.Tensor | None: ...
+
+
+def replicated_local(t: torch.Tensor | None) -> torch.Tensor | None:
     """Weight or bias as a full local tensor, whatever its placements."""
     if isinstance(t, DTensor):
         return replicated(t).to_local()
-    return t  # type: ignore[return-value]
+    return t
 
 
 def like_param(full: torch.Tensor, mesh: DeviceMesh, param: object) -> torch.Tensor:
