@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import cast
 
 import torch
+from dt_core.kit import bind_positional, replicated, warn_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
 from .channels import (
@@ -21,11 +22,11 @@ from .channels import (
     local_weight,
     weight_gradient,
 )
-from .fallback import replicated, target_placements, warn_fallback
+from .fallback import target_placements
 from .halo import PendingScatter, PendingWindow, scatter_add_window
 from .plan import ConvPlan, make_plan
 from .spatial import gather_windows, window_shape
-from .wrap import as_dtensor, bind, like_param, summed
+from .wrap import as_dtensor, like_param, summed
 
 aten = torch.ops.aten
 
@@ -34,7 +35,7 @@ def convolution_backward_handler(
     op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
 ) -> object:
     """Exact gradients for the layouts `forward` supports; replicated fallback else."""
-    values = bind(op_call, args, kwargs)
+    values = bind_positional(op_call, args, kwargs)
     # types as aten.convolution_backward's schema declares them
     grad_out, x = cast(DTensor, values[0]), cast(DTensor, values[1])
     weight, bias_sizes = cast(torch.Tensor, values[2]), values[3]
@@ -48,7 +49,7 @@ def convolution_backward_handler(
         tplan = tr.make_transposed_plan(x, weight.shape, stride, padding, dilation, out_pad, groups)
         if not isinstance(tplan, str):
             return tr.backward(tplan, grad_out, x, weight, bias_sizes, groups, mask)
-        warn_fallback("convolution_backward", f"transposed convolution: {tplan}")
+        warn_fallback("conv", "convolution_backward", f"transposed convolution: {tplan}")
         return _fallback(
             op_call,
             grad_out,
@@ -61,7 +62,7 @@ def convolution_backward_handler(
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
         if isinstance(plan, str):
-            warn_fallback("convolution_backward", plan)
+            warn_fallback("conv", "convolution_backward", plan)
             return _fallback(
                 op_call,
                 grad_out,
@@ -191,9 +192,7 @@ def _fallback(
     rest: list,
 ) -> object:
     mesh = next(t for t in (grad_out, x, weight) if isinstance(t, DTensor)).device_mesh
-    local = [
-        replicated(t).to_local() if isinstance(t, DTensor) else t for t in (grad_out, x, weight)
-    ]
+    local = [replicated(t) for t in (grad_out, x, weight)]
     gi, gw, gb = op_call(*local, bias_sizes, *rest)
     rep = [Replicate()] * mesh.ndim
     if gi is not None:

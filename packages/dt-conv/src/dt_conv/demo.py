@@ -84,13 +84,13 @@ def run_stage(small: bool = True) -> dict:
 
     loss_ref, grads_ref = _step(ref, x, target)
     _step(sharded, xd, td)  # warm-up
-    sent = halo.traffic["bytes_sent"]
+    sent = halo.counters.get("bytes_sent")
     dist.barrier()
     start = time.perf_counter()
     loss, grads = _step(sharded, xd, td)
     dist.barrier()
     elapsed = time.perf_counter() - start
-    sent = halo.traffic["bytes_sent"] - sent
+    sent = halo.counters.get("bytes_sent") - sent
 
     dist.barrier()
     start = time.perf_counter()

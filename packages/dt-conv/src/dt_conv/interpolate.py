@@ -16,12 +16,12 @@ from typing import cast
 
 import torch
 from dt_core.compat.tracing import no_dispatch_modes
+from dt_core.kit import bind_positional
 from torch.distributed.tensor import DTensor
 
 from . import spatial
 from .geometry import DimSplit, Table
 from .plan import SpatialPlan, Splitter, plan_spatial
-from .wrap import bind
 
 aten = torch.ops.aten
 
@@ -204,7 +204,7 @@ def _split_args(name: str, values: list, backward: bool) -> tuple:
 
 
 def upsample(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    values = bind(op_call, args, kwargs)
+    values = bind_positional(op_call, args, kwargs)
     x, name = cast(DTensor, values[0]), op_call.__name__  # schema: Tensor
     out_size, _, align, scales = _split_args(name, values, backward=False)
     op = _window_op(x, name, x.shape, out_size, align, scales)
@@ -217,7 +217,7 @@ def upsample(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
 
 
 def upsample_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    values = bind(op_call, args, kwargs)
+    values = bind_positional(op_call, args, kwargs)
     grad, name = cast(DTensor, values[0]), op_call.__name__  # schema: Tensor
     out_size, in_size, align, scales = _split_args(name, values, backward=True)
     op = _window_op(grad, name, in_size, out_size, align, scales)

@@ -18,13 +18,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
+from dt_core.kit import bind_positional
 from torch.distributed.tensor import DTensor
 
 from . import spatial
 from .geometry import Affine, DimSplit, Fill
 from .plan import Splitter, plan_spatial
 from .validate import raise_like_torch, simulated_ranks
-from .wrap import bind
 
 # torch's pad on the unsharded dims, and its adjoint (grad, window, rest) -> window grad
 LocalPad = Callable[[torch.Tensor, list[int]], torch.Tensor]
@@ -85,7 +85,7 @@ def _window_op(
 
 
 def constant_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    x_arg, pad_arg, value_arg = bind(op_call, args, kwargs)
+    x_arg, pad_arg, value_arg = bind_positional(op_call, args, kwargs)
     # types as aten.constant_pad_nd's schema declares them
     x, pad = cast(DTensor, x_arg), cast(list[int], pad_arg)
     value = float(cast(float, value_arg)) if value_arg is not None else 0.0
@@ -107,7 +107,7 @@ def _mode(name: str) -> Fill:
 
 
 def mode_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    x_arg, pad_arg = bind(op_call, args, kwargs)
+    x_arg, pad_arg = bind_positional(op_call, args, kwargs)
     x, pad = cast(DTensor, x_arg), cast(list[int], pad_arg)  # as the pad op's schema says
     op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(op_call))
     if isinstance(op, str):
@@ -116,7 +116,7 @@ def mode_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
 
 
 def mode_pad_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    grad_arg, x_arg, pad_arg = bind(op_call, args, kwargs)
+    grad_arg, x_arg, pad_arg = bind_positional(op_call, args, kwargs)
     # types as the pad backward op's schema declares them
     grad, x, pad = cast(DTensor, grad_arg), cast(DTensor, x_arg), cast(list[int], pad_arg)
     forward_op = getattr(torch.ops.aten, op_call.__name__.split(".")[0].replace("_backward", ""))
@@ -168,8 +168,8 @@ def circular_pad(x: DTensor, pad: Sequence[int]) -> torch.Tensor:
         return _decompose_circular(x, pad)  # torch's own composite: exact on any rank
     op = _window_op(x, x.shape, pad, "circular", _decompose_circular, _circular_vjp)
     if isinstance(op, str):
-        from .fallback import warn_fallback
+        from dt_core.kit import warn_fallback
 
-        warn_fallback("circular pad", op)
+        warn_fallback("conv", "circular pad", op)
         return _decompose_circular(x, pad)
     return _CircularPad.apply(x, op)

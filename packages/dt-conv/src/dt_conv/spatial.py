@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
+from dt_core.kit import replicated, warn_fallback
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
-from .fallback import replicated, target_placements, warn_fallback
+from .fallback import target_placements
 from .halo import gather_window, scatter_add_window
 from .plan import SpatialPlan
 from .wrap import as_dtensor
@@ -125,9 +126,9 @@ def fallback(
     name: str, reason: str, op_call: Callable[..., object], args: list, like: DTensor
 ) -> object:
     """Compute on replicated inputs (exact), warn once, return laid out like `like`."""
-    warn_fallback(name, reason)
+    warn_fallback("conv", name, reason, stacklevel=4)
     mesh = like.device_mesh
-    local = [replicated(a).to_local() if isinstance(a, DTensor) else a for a in args]
+    local = [replicated(a) for a in args]
     out = op_call(*local)
     rep = [Replicate()] * mesh.ndim
     target = target_placements(tuple(like.placements))
