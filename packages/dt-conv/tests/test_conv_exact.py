@@ -108,7 +108,11 @@ def test_conv2d_kernels_paddings_dilations_on_2_ranks() -> None:
         kw = {"padding": pad, "dilation": dil, "stride": stride}
         cases.append(([Shard(dim)], tuple(x_shape), tuple(w_shape), k % 2 == 1, kw))
     assert len(cases) > 200
+    from dt_conv.halo import counters
+
+    sent = counters.get("bytes_sent")
     run_cases(mesh, cases)
+    assert counters.get("bytes_sent") > sent  # halo exchanges counted (dt-core's Counters)
 
 
 @pytest.mark.ranks(2)
@@ -209,6 +213,7 @@ def test_unsupported_layouts_fall_back_exactly_and_warn_once() -> None:
     import warnings
 
     from dt_conv import fallback
+    from dt_core.kit import FallbackWarning
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     mesh = cpu_mesh(2)
@@ -220,6 +225,7 @@ def test_unsupported_layouts_fall_back_exactly_and_warn_once() -> None:
             assert check(mesh, [Shard(1)], *case, padding=1, groups=3) is None
     texts = [str(w.message) for w in caught if "dt-conv" in str(w.message)]
     assert sum("channel dim" in t for t in texts) == 2  # forward once, backward once
+    assert all(w.category is FallbackWarning for w in caught if "dt-conv" in str(w.message))
     assert all("exact" in t for t in texts)
 
     gen = torch.Generator().manual_seed(1)

@@ -7,7 +7,10 @@ the mesh dims that split the input. Only gradients in `output_mask` are computed
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
+from dt_core.kit import bind_positional, replicated, warn_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
 from .channels import (
@@ -19,11 +22,11 @@ from .channels import (
     local_weight,
     weight_gradient,
 )
-from .fallback import replicated, target_placements, warn_fallback
+from .fallback import target_placements
 from .halo import PendingScatter, PendingWindow, scatter_add_window
 from .plan import ConvPlan, make_plan
 from .spatial import gather_windows, window_shape
-from .wrap import as_dtensor, bind, like_param, summed
+from .wrap import as_dtensor, like_param, summed
 
 aten = torch.ops.aten
 
@@ -32,19 +35,13 @@ def convolution_backward_handler(
     op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
 ) -> object:
     """Exact gradients for the layouts `forward` supports; replicated fallback else."""
-    (
-        grad_out,
-        x,
-        weight,
-        bias_sizes,
-        stride,
-        padding,
-        dilation,
-        transposed,
-        out_pad,
-        groups,
-        mask,
-    ) = bind(op_call, args, kwargs)
+    values = bind_positional(op_call, args, kwargs)
+    # types as aten.convolution_backward's schema declares them
+    grad_out, x = cast(DTensor, values[0]), cast(DTensor, values[1])
+    weight, bias_sizes = cast(torch.Tensor, values[2]), values[3]
+    stride, padding, dilation = (cast(list[int], v) for v in values[4:7])
+    transposed, out_pad = cast(bool, values[7]), cast(list[int], values[8])
+    groups, mask = cast(int, values[9]), cast(list[bool], values[10])
     rest = [stride, padding, dilation, transposed, out_pad, groups, mask]  # for the fallback
     if transposed:
         from . import transposed as tr
@@ -52,7 +49,7 @@ def convolution_backward_handler(
         tplan = tr.make_transposed_plan(x, weight.shape, stride, padding, dilation, out_pad, groups)
         if not isinstance(tplan, str):
             return tr.backward(tplan, grad_out, x, weight, bias_sizes, groups, mask)
-        warn_fallback("convolution_backward", f"transposed convolution: {tplan}")
+        warn_fallback("conv", "convolution_backward", f"transposed convolution: {tplan}")
         return _fallback(
             op_call,
             grad_out,
@@ -65,7 +62,7 @@ def convolution_backward_handler(
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
         if isinstance(plan, str):
-            warn_fallback("convolution_backward", plan)
+            warn_fallback("conv", "convolution_backward", plan)
             return _fallback(
                 op_call,
                 grad_out,
@@ -75,8 +72,8 @@ def convolution_backward_handler(
                 rest,
             )
         mesh = plan.mesh
-        g = grad_out.redistribute(mesh, grad_output_placements(layout, plan.placements))
-        g = g.to_local()
+        g_placements = grad_output_placements(layout, plan.placements)
+        g = grad_out.redistribute(mesh, g_placements).to_local()
         w = local_weight(layout, weight, x)
         groups = local_groups(layout, groups)
         xl = x.to_local()
@@ -99,12 +96,12 @@ def convolution_backward_handler(
             gi = _home(plan, layout, gi)
         grad_input = grad_weight = grad_bias = None
         if mask[0]:
-            grad_input = as_dtensor(gi, mesh, plan.placements, x.shape)
+            grad_input = as_dtensor(_wanted(gi), mesh, plan.placements, x.shape)
         if mask[1]:
-            gw = summed(gw, mesh, plan.reduce_mesh_dims)
+            gw = summed(_wanted(gw), mesh, plan.reduce_mesh_dims)
             grad_weight = weight_gradient(layout, gw, weight, x)
         if mask[2]:
-            gb = summed(gb, mesh, plan.reduce_mesh_dims)
+            gb = summed(_wanted(gb), mesh, plan.reduce_mesh_dims)
             grad_bias = bias_gradient(layout, gb, bias_sizes, weight, x)
         return grad_input, grad_weight, grad_bias
 
@@ -137,6 +134,13 @@ def _local_backward(
     )
 
 
+def _wanted(gradient: torch.Tensor | None) -> torch.Tensor:
+    """A gradient its `output_mask` entry asked for: the kernels return one for those."""
+    if gradient is None:
+        raise RuntimeError("dt-conv: convolution_backward returned no gradient it was asked for")
+    return gradient
+
+
 def _home(plan: ConvPlan, layout: ChannelLayout, gi: torch.Tensor | None) -> torch.Tensor | None:
     """The window's input gradient summed into the rows this rank owns."""
     if gi is None:
@@ -167,7 +171,10 @@ def _overlapped_gradients(
     split = plan.splits[0]
     pending_input = PendingWindow(xl, split, plan.mesh, 0.0)
     shape_only = xl.new_zeros(()).expand(window_shape(plan.spatial, xl.shape))
-    gi, _, _ = _local_backward(plan, g, shape_only, w, bias_sizes, groups, [True, False, False])
+    gi_window, _, _ = _local_backward(
+        plan, g, shape_only, w, bias_sizes, groups, [True, False, False]
+    )
+    gi = _wanted(gi_window)
     if layout.kind == "out":
         gi = summed(gi, plan.mesh, (layout.mesh_dim,))
     pending_grad = PendingScatter(gi, split, plan.mesh)
@@ -185,9 +192,7 @@ def _fallback(
     rest: list,
 ) -> object:
     mesh = next(t for t in (grad_out, x, weight) if isinstance(t, DTensor)).device_mesh
-    local = [
-        replicated(t).to_local() if isinstance(t, DTensor) else t for t in (grad_out, x, weight)
-    ]
+    local = [replicated(t) for t in (grad_out, x, weight)]
     gi, gw, gb = op_call(*local, bias_sizes, *rest)
     rep = [Replicate()] * mesh.ndim
     if gi is not None:

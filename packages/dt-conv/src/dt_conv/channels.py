@@ -127,7 +127,7 @@ def local_weight(layout: ChannelLayout, weight: Any, x: DTensor) -> torch.Tensor
     if layout.kind in ("out", "group"):
         if isinstance(weight, DTensor) and isinstance(weight.placements[layout.mesh_dim], Shard):
             return weight.to_local()
-        return _own_filters(replicated_local(weight), x, layout)  # type: ignore[arg-type]
+        return _own_filters(replicated_local(weight), x, layout)
     if layout.kind == "in":
         if isinstance(weight, DTensor) and isinstance(weight.placements[layout.mesh_dim], Shard):
             return weight.to_local()
@@ -135,7 +135,7 @@ def local_weight(layout: ChannelLayout, weight: Any, x: DTensor) -> torch.Tensor
         mesh = x.device_mesh
         lo, hi = chunk_range(full.shape[1], mesh.size(layout.mesh_dim), _coord(x, layout))
         return full[:, lo:hi]
-    return replicated_local(weight)  # type: ignore[return-value]
+    return replicated_local(weight)
 
 
 def local_bias(layout: ChannelLayout, bias: Any, weight: Any, x: DTensor) -> torch.Tensor | None:
@@ -143,7 +143,7 @@ def local_bias(layout: ChannelLayout, bias: Any, weight: Any, x: DTensor) -> tor
     if bias is None:
         return None
     if layout.kind in ("out", "group"):
-        return _own_filters(replicated_local(bias), x, layout)  # type: ignore[arg-type]
+        return _own_filters(replicated_local(bias), x, layout)
     if layout.kind == "in" and _coord(x, layout) != 0:
         return None
     return replicated_local(bias)

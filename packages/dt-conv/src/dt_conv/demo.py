@@ -9,16 +9,18 @@ unsharded model on every rank.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+PaddingMode = Literal["zeros", "reflect", "replicate", "circular"]
+
 
 class Block(nn.Sequential):
-    def __init__(self, cin: int, cout: int, mode: str = "zeros") -> None:
+    def __init__(self, cin: int, cout: int, mode: PaddingMode = "zeros") -> None:
         super().__init__(
             nn.Conv2d(cin, cout, 3, padding=1, padding_mode=mode),
             nn.ReLU(),
@@ -30,7 +32,7 @@ class Block(nn.Sequential):
 class TinyUNet(nn.Module):
     """Two levels: down by max pooling, up by bilinear interpolation, skip by concat."""
 
-    def __init__(self, mode: str = "zeros", width: int = 4) -> None:
+    def __init__(self, mode: PaddingMode = "zeros", width: int = 4) -> None:
         super().__init__()
         self.enc1, self.enc2 = Block(2, width, mode), Block(width, 2 * width, mode)
         self.dec1 = Block(3 * width, width, mode)
@@ -82,13 +84,13 @@ def run_stage(small: bool = True) -> dict:
 
     loss_ref, grads_ref = _step(ref, x, target)
     _step(sharded, xd, td)  # warm-up
-    sent = halo.traffic["bytes_sent"]
+    sent = halo.counters.get("bytes_sent")
     dist.barrier()
     start = time.perf_counter()
     loss, grads = _step(sharded, xd, td)
     dist.barrier()
     elapsed = time.perf_counter() - start
-    sent = halo.traffic["bytes_sent"] - sent
+    sent = halo.counters.get("bytes_sent") - sent
 
     dist.barrier()
     start = time.perf_counter()

@@ -1,31 +1,23 @@
-"""The exact-but-slow path: compute on replicated tensors, warn once per reason."""
+"""The exact-but-slow path: compute on replicated tensors, warn once per reason.
+
+dt-core's kit replicates and warns (`dt_core.kit.FallbackWarning`, once per op and
+reason); this module keeps dt-conv's rule for laying results out like their inputs.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
-from dt_core.dtensors import as_dtensor, forget_warnings, warn_once
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate
-
-
-def warn_fallback(op: str, reason: str) -> None:
-    """Warn once per (op, reason): falling back is correct but gathers the whole input."""
-    warn_once(
-        f"dt-conv: {op}: {reason}",
-        f"dt-conv: {op} falls back to a replicated input ({reason}); "
-        "the result is exact but every rank computes the whole op",
-        stacklevel=4,
-    )
+from dt_core.dtensors import as_dtensor
+from dt_core.kit import forget_fallback_warnings, replicated, warn_fallback
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 
 def reset_warnings() -> None:
     """Warn again about reasons already warned about (tests, long-running sessions)."""
-    forget_warnings("dt-conv:")
-
-
-def replicated(t: DTensor) -> DTensor:
-    return t.redistribute(t.device_mesh, [Replicate()] * t.device_mesh.ndim)
+    forget_fallback_warnings("conv")
 
 
 def target_placements(placements: tuple[Placement, ...]) -> list[Placement]:
@@ -38,14 +30,11 @@ def replicated_op(name: str, op_call: Callable[..., object], args: tuple, kwargs
     (torch's LocalTensorMode simulating ranks). Each output takes the placements of the
     first DTensor argument of its global shape (else of the first DTensor argument, where
     its shard dims fit, else Replicate)."""
-    warn_fallback(name, "ranks simulated in one process (LocalTensorMode)")
+    warn_fallback("conv", name, "ranks simulated in one process (LocalTensorMode)", stacklevel=4)
     dtensors = [a for a in (*args, *kwargs.values()) if isinstance(a, DTensor)]
     mesh = dtensors[0].device_mesh
 
-    def local(a: object) -> object:
-        return replicated(a).to_local() if isinstance(a, DTensor) else a
-
-    out = op_call(*[local(a) for a in args], **{k: local(v) for k, v in kwargs.items()})
+    out = op_call(*[replicated(a) for a in args], **{k: replicated(v) for k, v in kwargs.items()})
 
     def wrap(t: object) -> object:
         if not isinstance(t, torch.Tensor):
@@ -53,7 +42,9 @@ def replicated_op(name: str, op_call: Callable[..., object], args: tuple, kwargs
         full = as_dtensor(t, mesh, [Replicate()] * mesh.ndim, t.shape)
         like = next((d for d in dtensors if d.shape == t.shape), dtensors[0])
         target = target_placements(tuple(like.placements))
-        if like.device_mesh != mesh or any(p.is_shard() and p.dim >= t.ndim for p in target):
+        if like.device_mesh != mesh or any(
+            p.is_shard() and cast(Shard, p).dim >= t.ndim for p in target
+        ):
             return full
         return full.redistribute(mesh, target)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
+from dt_core.kit import bind_positional, replicated, warn_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
 from .channels import (
@@ -16,12 +18,12 @@ from .channels import (
     local_weight,
     output_placements,
 )
-from .fallback import replicated, target_placements, warn_fallback
+from .fallback import target_placements
 from .geometry import Affine
 from .halo import PendingWindow, gather_window
 from .plan import ConvPlan, make_plan
 from .spatial import gather_windows
-from .wrap import as_dtensor, bind, replicated_local
+from .wrap import as_dtensor, replicated_local
 
 aten = torch.ops.aten
 
@@ -37,9 +39,13 @@ def local_out_shape(plan: ConvPlan, window: torch.Tensor) -> list[int]:
 
 def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """Exact convolution for spatially and batch sharded inputs; replicated fallback else."""
-    x, weight, bias, stride, padding, dilation, transposed, out_pad, groups = bind(
-        op_call, args, kwargs
-    )
+    values = bind_positional(op_call, args, kwargs)
+    # types as aten.convolution's schema declares them
+    x, weight = cast(DTensor, values[0]), cast(torch.Tensor, values[1])
+    bias = cast("torch.Tensor | None", values[2])
+    stride, padding, dilation = (cast(list[int], v) for v in values[3:6])
+    transposed, out_pad = cast(bool, values[6]), cast(list[int], values[7])
+    groups = cast(int, values[8])
     rest = [stride, padding, dilation, transposed, out_pad, groups]  # for the fallback
     if transposed:
         from . import transposed as tr
@@ -47,13 +53,13 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
         tplan = tr.make_transposed_plan(x, weight.shape, stride, padding, dilation, out_pad, groups)
         if not isinstance(tplan, str):
             return tr.forward(tplan, x, weight, bias, groups)
-        warn_fallback("convolution", f"transposed convolution: {tplan}")
+        warn_fallback("conv", "convolution", f"transposed convolution: {tplan}")
         return _fallback(op_call, x, weight, bias, rest)
     layout = channel_layout(x, weight, bias, groups)
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
         if isinstance(plan, str):
-            warn_fallback("convolution", plan)
+            warn_fallback("conv", "convolution", plan)
             return _fallback(op_call, x, weight, bias, rest)
         w, b = local_weight(layout, weight, x), local_bias(layout, bias, weight, x)
         placements = output_placements(layout, plan.placements)
@@ -219,11 +225,15 @@ def _block(out: torch.Tensor, rows: list[_Rows], region: list[tuple[int, int]]) 
 
 
 def _fallback(
-    op_call: torch._ops.OpOverload, x: object, weight: object, bias: object, rest: list
+    op_call: torch._ops.OpOverload,
+    x: object,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    rest: list,
 ) -> object:
     dtensors = [t for t in (x, weight, bias) if isinstance(t, DTensor)]
     mesh = dtensors[0].device_mesh
-    xl = replicated(x).to_local() if isinstance(x, DTensor) else x
+    xl = replicated(x)
     out = op_call(xl, replicated_local(weight), replicated_local(bias), *rest)
     full = as_dtensor(out, mesh, [Replicate()] * mesh.ndim, out.shape)
     if not isinstance(x, DTensor) or x.device_mesh != mesh:

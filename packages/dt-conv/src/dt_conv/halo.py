@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from dt_core.compat import tracing
+from dt_core.kit import Counters
 from dt_core.tracing import is_tracing
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -26,9 +27,9 @@ from .geometry import DimSplit
 
 FILL, OWN = -1, -2  # segment sources besides "received buffer k"
 
-# Bytes this process has sent in halo exchanges (both directions of autograd); the demo
-# and benchmarks read it to report traffic.
-traffic = {"bytes_sent": 0}
+# `bytes_sent`: bytes this process has sent in halo exchanges (both directions of
+# autograd); the demo reads it, `dt-plugins stats` shows it.
+counters = Counters("conv")
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,9 @@ def _rows_from(split: DimSplit, reader: int, owner: int) -> list[int]:
 @functools.lru_cache(maxsize=512)
 def exchange_plan(split: DimSplit, me: int) -> Exchange:
     mine = split.owned_in(me)
-    sends, recvs, where = [], [], {}
+    sends: list[tuple[int, tuple[int, ...]]] = []
+    recvs: list[tuple[int, int]] = []
+    where: dict[int, tuple[int, int]] = {}
     for r in range(split.parts):
         if r == me:
             continue
@@ -113,7 +116,7 @@ def _select(t: torch.Tensor, dim: int, rows: tuple[int, ...]) -> torch.Tensor:
 
 def _count(t: torch.Tensor) -> None:
     if not is_tracing(t):  # a compiled graph sends at run time, not while traced
-        traffic["bytes_sent"] += t.numel() * t.element_size()
+        counters.add("bytes_sent", t.numel() * t.element_size())
 
 
 def _group(mesh: DeviceMesh, split: DimSplit) -> tuple[dist.ProcessGroup, int]:

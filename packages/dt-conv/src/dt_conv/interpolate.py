@@ -12,15 +12,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from dt_core.compat.tracing import no_dispatch_modes
+from dt_core.kit import bind_positional
 from torch.distributed.tensor import DTensor
 
 from . import spatial
 from .geometry import DimSplit, Table
 from .plan import SpatialPlan, Splitter, plan_spatial
-from .wrap import bind
 
 aten = torch.ops.aten
 
@@ -203,8 +204,8 @@ def _split_args(name: str, values: list, backward: bool) -> tuple:
 
 
 def upsample(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    values = bind(op_call, args, kwargs)
-    x, name = values[0], op_call.__name__
+    values = bind_positional(op_call, args, kwargs)
+    x, name = cast(DTensor, values[0]), op_call.__name__  # schema: Tensor
     out_size, _, align, scales = _split_args(name, values, backward=False)
     op = _window_op(x, name, x.shape, out_size, align, scales)
     if isinstance(op, str):
@@ -216,8 +217,8 @@ def upsample(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
 
 
 def upsample_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    values = bind(op_call, args, kwargs)
-    grad, name = values[0], op_call.__name__
+    values = bind_positional(op_call, args, kwargs)
+    grad, name = cast(DTensor, values[0]), op_call.__name__  # schema: Tensor
     out_size, in_size, align, scales = _split_args(name, values, backward=True)
     op = _window_op(grad, name, in_size, out_size, align, scales)
     if isinstance(op, str):
@@ -226,7 +227,7 @@ def upsample_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
         g = grad.to_local()
         local_in = list(in_size)
         for mesh_dim in op.plan.free_mesh_dims:
-            dim = op.plan.placements[mesh_dim].dim % len(in_size)
+            dim = spatial.shard_dim(op.plan.placements[mesh_dim]) % len(in_size)
             local_in[dim] = g.shape[dim]
         local = op_call(g, values[1], local_in, *values[3:])
         return spatial.as_dtensor(local, op.plan.mesh, op.plan.placements, in_size)

@@ -13,6 +13,7 @@ kernel, chosen as torch chooses it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from dt_core.compat.tracing import below_autograd, run_torch_composite
@@ -38,14 +39,17 @@ def _sizes(
 
 class _Upsample(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: object, x: DTensor, name: str, size: list, flags: list, scales: list):  # type: ignore[override]
-        ctx.saved = (name, size, list(x.shape), flags, scales)  # type: ignore[attr-defined]
+    def forward(
+        ctx: Any, x: DTensor, name: str, size: list, flags: list, scales: list
+    ) -> torch.Tensor:
+        # ctx: torch's FunctionCtx, which takes whatever attributes forward leaves for backward
+        ctx.saved = (name, size, list(x.shape), flags, scales)
         with below_autograd():
             return getattr(torch.ops.aten, name).default(x, size, *flags, *scales)
 
     @staticmethod
-    def backward(ctx: object, grad: DTensor):  # type: ignore[override]
-        name, size, in_size, flags, scales = ctx.saved  # type: ignore[attr-defined]
+    def backward(ctx: Any, grad: DTensor) -> tuple[torch.Tensor, None, None, None, None]:
+        name, size, in_size, flags, scales = ctx.saved
         back = getattr(torch.ops.aten, f"{name}_backward").default
         return back(grad, size, in_size, *flags, *scales), None, None, None, None
 
@@ -64,5 +68,10 @@ def upsample_vec(name: str, x: torch.Tensor, *args: object) -> torch.Tensor:
     from .validate import raise_like_torch
 
     raise_like_torch(op, (x, *args), {})
-    size, scales = _sizes(x, output_size, scale_factors)  # type: ignore[arg-type]
+    # types as the `.vec` schemas declare them
+    size, scales = _sizes(
+        x,
+        cast("Sequence[int] | None", output_size),
+        cast("Sequence[float] | None", scale_factors),
+    )
     return _Upsample.apply(x, name, size, flags, scales)

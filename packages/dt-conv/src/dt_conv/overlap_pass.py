@@ -10,6 +10,7 @@ and it (torch's control_deps), which Inductor keeps in order and never fuses acr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from dt_core.compat.tracing import order_after
@@ -32,7 +33,7 @@ def _halo_waits(graph: Any) -> list[tuple[Any, Any]]:
 
 def keep_halo_waits_after_interior(graph: Any) -> None:
     """Order each halo wait after the convolutions between its start and it."""
-    extra: dict[Any, list[Any]] = {}
+    extra: dict[Any, Sequence[Any]] = {}
     for start, wait in _halo_waits(graph):
         node, convs = start.next, []
         while node is not wait:

@@ -14,16 +14,21 @@ called from the plugin's autograd kernel for that op and brings its own backward
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
+from dt_core.kit import bind_positional
 from torch.distributed.tensor import DTensor
 
 from . import spatial
 from .geometry import Affine, DimSplit, Fill
 from .plan import Splitter, plan_spatial
 from .validate import raise_like_torch, simulated_ranks
-from .wrap import bind
+
+# torch's pad on the unsharded dims, and its adjoint (grad, window, rest) -> window grad
+LocalPad = Callable[[torch.Tensor, list[int]], torch.Tensor]
+LocalVjp = Callable[[torch.Tensor, torch.Tensor, list[int]], torch.Tensor]
 
 
 def _pairs(pad: Sequence[int], ndim: int) -> dict[int, tuple[int, int]]:
@@ -36,8 +41,8 @@ def _window_op(
     in_shape: Sequence[int],
     pad: Sequence[int],
     fill: Fill,
-    local_pad: object,
-    local_vjp: object,
+    local_pad: LocalPad,
+    local_vjp: LocalVjp,
     value: float = 0.0,
 ) -> spatial.WindowOp | str:
     ndim = len(in_shape)
@@ -71,17 +76,19 @@ def _window_op(
         rest[2 * i] = rest[2 * i + 1] = 0
 
     def local(window: torch.Tensor) -> torch.Tensor:
-        return local_pad(window, rest) if any(rest) else window.clone()  # type: ignore[operator]
+        return local_pad(window, rest) if any(rest) else window.clone()
 
     def vjp(window: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        return local_vjp(grad, window, rest) if any(rest) else grad  # type: ignore[operator]
+        return local_vjp(grad, window, rest) if any(rest) else grad
 
     return spatial.WindowOp(plan, local, vjp, fill_value=value)
 
 
 def constant_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    x, pad, value = bind(op_call, args, kwargs)
-    value = float(value) if value is not None else 0.0
+    x_arg, pad_arg, value_arg = bind_positional(op_call, args, kwargs)
+    # types as aten.constant_pad_nd's schema declares them
+    x, pad = cast(DTensor, x_arg), cast(list[int], pad_arg)
+    value = float(cast(float, value_arg)) if value_arg is not None else 0.0
 
     def local(t: torch.Tensor, rest: list[int]) -> torch.Tensor:
         return op_call(t, rest, value)
@@ -100,7 +107,8 @@ def _mode(name: str) -> Fill:
 
 
 def mode_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    x, pad = bind(op_call, args, kwargs)
+    x_arg, pad_arg = bind_positional(op_call, args, kwargs)
+    x, pad = cast(DTensor, x_arg), cast(list[int], pad_arg)  # as the pad op's schema says
     op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(op_call))
     if isinstance(op, str):
         return spatial.fallback(op_call.__name__, op, op_call, [x, pad], x)
@@ -108,7 +116,9 @@ def mode_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
 
 
 def mode_pad_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    grad, x, pad = bind(op_call, args, kwargs)
+    grad_arg, x_arg, pad_arg = bind_positional(op_call, args, kwargs)
+    # types as the pad backward op's schema declares them
+    grad, x, pad = cast(DTensor, grad_arg), cast(DTensor, x_arg), cast(list[int], pad_arg)
     forward_op = getattr(torch.ops.aten, op_call.__name__.split(".")[0].replace("_backward", ""))
     op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(forward_op.default))
     if isinstance(op, str):
@@ -116,7 +126,7 @@ def mode_pad_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
     return spatial.backward(op, grad, None, x.shape)
 
 
-def _torch_pad(op: torch._ops.OpOverload) -> tuple[object, object]:
+def _torch_pad(op: torch._ops.OpOverload) -> tuple[LocalPad, LocalVjp]:
     """torch's own pad op and its backward kernel, for the unsharded dims."""
     name = op.__name__.split(".")[0]
     back = getattr(torch.ops.aten, f"{name}_backward").default
@@ -140,13 +150,14 @@ class _CircularPad(torch.autograd.Function):
     """Circular padding with the halo path in forward and its adjoint in backward."""
 
     @staticmethod
-    def forward(ctx: object, x: DTensor, op: spatial.WindowOp) -> DTensor:  # type: ignore[override]
-        ctx.op, ctx.in_shape = op, tuple(x.shape)  # type: ignore[attr-defined]
+    def forward(ctx: Any, x: DTensor, op: spatial.WindowOp) -> DTensor:
+        # ctx: torch's FunctionCtx, which takes whatever attributes forward leaves for backward
+        ctx.op, ctx.in_shape = op, tuple(x.shape)
         return spatial.forward(op, x)
 
     @staticmethod
-    def backward(ctx: object, grad: DTensor) -> tuple[DTensor, None]:  # type: ignore[override]
-        return spatial.backward(ctx.op, grad, None, ctx.in_shape), None  # type: ignore[attr-defined]
+    def backward(ctx: Any, grad: DTensor) -> tuple[DTensor, None]:
+        return spatial.backward(ctx.op, grad, None, ctx.in_shape), None
 
 
 def circular_pad(x: DTensor, pad: Sequence[int]) -> torch.Tensor:
@@ -157,8 +168,8 @@ def circular_pad(x: DTensor, pad: Sequence[int]) -> torch.Tensor:
         return _decompose_circular(x, pad)  # torch's own composite: exact on any rank
     op = _window_op(x, x.shape, pad, "circular", _decompose_circular, _circular_vjp)
     if isinstance(op, str):
-        from .fallback import warn_fallback
+        from dt_core.kit import warn_fallback
 
-        warn_fallback("circular pad", op)
+        warn_fallback("conv", "circular pad", op)
         return _decompose_circular(x, pad)
     return _CircularPad.apply(x, op)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
+from dt_core.kit import bind_positional
 from torch.distributed.tensor import DTensor
 
 from . import spatial
 from .geometry import conv_split, expand
 from .plan import SpatialPlan, Splitter, plan_spatial
-from .wrap import as_dtensor, bind
+from .wrap import as_dtensor
 
 aten = torch.ops.aten
 
@@ -100,8 +102,8 @@ def _max_op(
 
 def max_pool_with_indices(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """Values and global flat indices, both laid out like the input (one halo exchange)."""
-    values = bind(op_call, args, kwargs)
-    x, n = values[0], 2 if "2d" in op_call.__name__ else 3
+    values = bind_positional(op_call, args, kwargs)
+    x, n = cast(DTensor, values[0]), 2 if "2d" in op_call.__name__ else 3  # schema: Tensor
     planned = _max_op(x, n, values)
     if isinstance(planned, str):
         return spatial.fallback(op_call.__name__, planned, op_call, values, x)
@@ -149,8 +151,8 @@ def _global_indices(
 def max_pool_with_indices_backward(
     op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
 ) -> object:
-    values = bind(op_call, args, kwargs)
-    grad_out, x = values[0], values[1]
+    values = bind_positional(op_call, args, kwargs)
+    grad_out, x = cast(DTensor, values[0]), cast(DTensor, values[1])  # schema: Tensors
     n = 2 if "2d" in op_call.__name__ else 3
     planned = _max_op(x, n, [x, *values[2:7]])
     if isinstance(planned, str):
@@ -219,8 +221,8 @@ def _avg_op(x: DTensor, n: int, values: list) -> spatial.WindowOp | str:
 
 
 def avg_pool(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    values = bind(op_call, args, kwargs)
-    x, n = values[0], 2 if "2d" in op_call.__name__ else 3
+    values = bind_positional(op_call, args, kwargs)
+    x, n = cast(DTensor, values[0]), 2 if "2d" in op_call.__name__ else 3  # schema: Tensor
     op = _avg_op(x, n, values)
     if isinstance(op, str):
         return spatial.fallback(op_call.__name__, op, op_call, values, x)
@@ -228,8 +230,8 @@ def avg_pool(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
 
 
 def avg_pool_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    values = bind(op_call, args, kwargs)
-    grad_out, x = values[0], values[1]
+    values = bind_positional(op_call, args, kwargs)
+    grad_out, x = cast(DTensor, values[0]), cast(DTensor, values[1])  # schema: Tensors
     n = 2 if "2d" in op_call.__name__ else 3
     op = _avg_op(x, n, [x, *values[2:8]])
     if isinstance(op, str):

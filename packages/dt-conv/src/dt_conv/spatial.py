@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate
+from dt_core.kit import replicated, warn_fallback
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
-from .fallback import replicated, target_placements, warn_fallback
+from .fallback import target_placements
 from .halo import gather_window, scatter_add_window
 from .plan import SpatialPlan
 from .wrap import as_dtensor
@@ -36,11 +38,16 @@ class WindowOp:
     grad_reads_input: bool = False  # max pooling: its gradient depends on the values
 
 
+def shard_dim(p: Placement) -> int:
+    """The tensor dim a free mesh dim shards (free mesh dims are the shard-like ones)."""
+    return cast(Shard, p).dim
+
+
 def local_shape(plan: SpatialPlan, shape: Sequence[int], local: Sequence[int]) -> list[int]:
     """This rank's block of a tensor with global `shape` laid out like the input."""
     out = list(shape)
     for mesh_dim in plan.free_mesh_dims:
-        dim = plan.placements[mesh_dim].dim % len(shape)
+        dim = shard_dim(plan.placements[mesh_dim]) % len(shape)
         out[dim] = local[dim]
     for s in plan.splits:
         lo, hi = s.owned_out(plan.local_rank(s))
@@ -107,7 +114,7 @@ def _local_shape_in(plan: SpatialPlan, in_shape: Sequence[int], g: torch.Tensor)
     """This rank's input block, from the gradient's block and global shapes."""
     shape = list(in_shape)
     for mesh_dim in plan.free_mesh_dims:
-        dim = plan.placements[mesh_dim].dim % len(in_shape)
+        dim = shard_dim(plan.placements[mesh_dim]) % len(in_shape)
         shape[dim] = g.shape[dim]
     for s in plan.splits:
         lo, hi = s.owned_in(plan.local_rank(s))
@@ -119,9 +126,9 @@ def fallback(
     name: str, reason: str, op_call: Callable[..., object], args: list, like: DTensor
 ) -> object:
     """Compute on replicated inputs (exact), warn once, return laid out like `like`."""
-    warn_fallback(name, reason)
+    warn_fallback("conv", name, reason, stacklevel=4)
     mesh = like.device_mesh
-    local = [replicated(a).to_local() if isinstance(a, DTensor) else a for a in args]
+    local = [replicated(a) for a in args]
     out = op_call(*local)
     rep = [Replicate()] * mesh.ndim
     target = target_placements(tuple(like.placements))

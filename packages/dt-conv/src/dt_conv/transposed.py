@@ -167,7 +167,13 @@ def _owned_shape(plan: TransposedPlan, window: torch.Tensor) -> list[int]:
     return shape
 
 
-def forward(plan: TransposedPlan, x: DTensor, weight: object, bias: object, groups: int):
+def forward(
+    plan: TransposedPlan,
+    x: DTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    groups: int,
+) -> DTensor:
     sp = plan.spatial
     w, b = replicated_local(weight), replicated_local(bias)
     with torch.no_grad():
@@ -186,11 +192,11 @@ def backward(
     plan: TransposedPlan,
     grad_out: DTensor,
     x: DTensor,
-    weight: object,
+    weight: torch.Tensor,
     bias_sizes: object,
     groups: int,
     mask: Sequence[bool],
-):
+) -> tuple[DTensor | None, torch.Tensor | None, DTensor | None]:
     sp = plan.spatial
     mesh = sp.mesh
     g = grad_out.redistribute(mesh, sp.placements).to_local()

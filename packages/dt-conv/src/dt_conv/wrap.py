@@ -3,33 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import overload
 
 import torch
 from dt_core.dtensors import as_dtensor
+from dt_core.kit import replicated
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
-from .fallback import replicated, target_placements
+from .fallback import target_placements
 
 
-def bind(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[object]:
-    """All arguments of `op_call` positionally, defaults filled in."""
-    values: list[object] = []
-    for i, arg in enumerate(op_call._schema.arguments):
-        if i < len(args):
-            values.append(args[i])
-        elif arg.name in kwargs:
-            values.append(kwargs[arg.name])
-        else:
-            values.append(arg.default_value)
-    return values
+@overload
+def replicated_local(t: torch.Tensor) -> torch.Tensor: ...
+@overload
+def replicated_local(t: torch.Tensor | None) -> torch.Tensor | None: ...
 
 
-def replicated_local(t: object) -> torch.Tensor | None:
+def replicated_local(t: torch.Tensor | None) -> torch.Tensor | None:
     """Weight or bias as a full local tensor, whatever its placements."""
     if isinstance(t, DTensor):
-        return replicated(t).to_local()
-    return t  # type: ignore[return-value]
+        return replicated(t)
+    return t
 
 
 def like_param(full: torch.Tensor, mesh: DeviceMesh, param: object) -> torch.Tensor:
@@ -48,4 +43,4 @@ def summed(local: torch.Tensor, mesh: DeviceMesh, mesh_dims: Sequence[int]) -> t
         return local
     placements = [Partial() if i in mesh_dims else Replicate() for i in range(mesh.ndim)]
     dt = as_dtensor(local, mesh, placements, local.shape)
-    return replicated(dt).to_local()
+    return replicated(dt)
