@@ -206,7 +206,7 @@ def _ar_args(node: fx.Node) -> tuple[fx.Node, str, str]:
     args = list(node.args)
     for name in ("reduce_op", "group_name")[len(args) - 1 :]:
         args.append(node.kwargs[name])
-    return args[0], str(args[1]), str(args[2])  # type: ignore[return-value]
+    return args[0], str(args[1]), str(args[2])  # type: ignore[return-value]  # args[0]: the input node
 
 
 def find_hsdp_all_reduces(graph: fx.Graph) -> list[Collective]:

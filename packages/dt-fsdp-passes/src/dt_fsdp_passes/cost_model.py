@@ -99,7 +99,7 @@ def estimate_seconds(order: Sequence[fx.Node], machine: Machine) -> float:
             now += node_seconds(node, machine)
         elif node.op == "call_function" and node.target is WAIT:
             source = node.args[0]
-            now = max(now, done.get(source, now))  # type: ignore[arg-type]
+            now = max(now, done.get(source, now))  # type: ignore[arg-type]  # wait_tensor's arg: a node
         else:
             now += node_seconds(node, machine)
     return max(now, comm_free)

@@ -65,7 +65,7 @@ def set_fake_val(node: fx.Node, fake_mode: Any) -> None:
     """Fill node.meta["val"] by running its target on the fake values of its inputs."""
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
     with fake_mode:
-        node.meta["val"] = node.target(*args, **kwargs)  # type: ignore[operator]
+        node.meta["val"] = node.target(*args, **kwargs)  # type: ignore[operator]  # call_function nodes
 
 
 def fake_mode_of(graph: fx.Graph) -> Any:

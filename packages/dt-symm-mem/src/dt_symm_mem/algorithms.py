@@ -177,7 +177,7 @@ def _all_gather_consume_collective(
     consumer: Callable[[list[torch.Tensor], int], None] | None,
     outs: Sequence[torch.Tensor | None] | None,
 ) -> None:
-    world, rank = group.size(), group.rank()  # type: ignore[attr-defined]
+    world, rank = group.size(), group.rank()  # type: ignore[attr-defined]  # a ProcessGroup
     gathered = []
     for i, shard in enumerate(shards):
         out = outs[i] if outs is not None else None
@@ -186,7 +186,7 @@ def _all_gather_consume_collective(
         # Byte views: gloo has no float8 (or other exotic) dtypes, bytes are bytes.
         dist.all_gather_single(_bytes_of(out), _bytes_of(shard.contiguous()), group=group)
         if outs is not None and outs[i] is not None and outs[i] is not out:
-            outs[i].copy_(out)  # type: ignore[union-attr]
+            outs[i].copy_(out)  # type: ignore[union-attr]  # outs[i] given: checked by the caller
         gathered.append(out)
     if consumer is None:
         return
@@ -220,7 +220,7 @@ def _all_gather_consume(
             if bases[i]:
                 handle.read_bytes(peer, slot, offset, bases[i] + peer * sizes[i], sizes[i])
                 if consumer is not None:
-                    pieces.append(outs[i][peer])  # type: ignore[index]
+                    pieces.append(outs[i][peer])  # type: ignore[index]  # given here
             elif consumer is not None:
                 pieces.append(handle.buffer_view(peer, offset, shard.shape, shard.dtype, slot))
         if consumer is not None:
@@ -238,7 +238,7 @@ def produce_all_to_all(
 ) -> torch.Tensor:
     """`producer(dest, out)` writes this rank's chunk for `dest` into `out`. Returns
     `stacked` with stacked[src] = the chunk rank `src` produced for this rank."""
-    world = group.size()  # type: ignore[attr-defined]
+    world = group.size()  # type: ignore[attr-defined]  # a ProcessGroup
     chunk_numel = torch.Size(chunk_shape).numel()
     es = dtype.itemsize
     handle = get_workspace(group, world * chunk_numel * es)

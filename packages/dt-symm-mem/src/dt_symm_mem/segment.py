@@ -25,7 +25,7 @@ from dataclasses import dataclass
 try:
     import fcntl
 except ImportError:  # not POSIX: no sealing (and no memfd either)
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # not on this platform: checked before use
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "dt-symm-mem-"

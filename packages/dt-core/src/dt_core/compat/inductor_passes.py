@@ -96,7 +96,7 @@ def _ensure_guard(config: Any) -> None:
         return
     base = type(config)
 
-    class PassListGuard(base):  # type: ignore[misc, valid-type]
+    class PassListGuard(base):  # type: ignore[misc, valid-type]  # base: the config module's runtime type
         def __setattr__(self, name: str, value: object) -> None:
             super().__setattr__(name, _merged(value, _ours(name)))
 
@@ -142,5 +142,5 @@ def remove_graph_pass(stage: PassStage, graph_pass: Any) -> None:
         before = _user_value_before.pop(setting, None)
         # Unchanged since activation: give back the user's very object (None, a pass, a list).
         setattr(config, setting, before if as_list(before) == user else (user or None))
-        if not _managed and isinstance(config, _guard_class):  # type: ignore[arg-type]
+        if not _managed and isinstance(config, _guard_class):  # type: ignore[arg-type]  # set with the guard
             object.__setattr__(config, "__class__", _unguarded_class)

@@ -98,7 +98,7 @@ class SettingsStore(Generic[T]):
             _registry[plugin] = self
 
     def fields(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self.schema)]  # type: ignore[arg-type]
+        return [f.name for f in dataclasses.fields(self.schema)]  # type: ignore[arg-type]  # a dataclass: checked in __init__
 
     def env_var(self, field: str) -> str:
         return env_var(self.plugin, field)
@@ -147,7 +147,7 @@ class SettingsStore(Generic[T]):
         base.update({k: v for k, v in changes.items() if v is not None})
         token = self._scoped.set(self._build(base))
         try:
-            yield self._scoped.get()  # type: ignore[misc]
+            yield self._scoped.get()  # type: ignore[misc]  # set just above: never None here
         finally:
             self._scoped.reset(token)
 
@@ -156,7 +156,7 @@ class SettingsStore(Generic[T]):
         current = self.current()
         env = self._from_environment()
         rows = []
-        for f in dataclasses.fields(self.schema):  # type: ignore[arg-type]
+        for f in dataclasses.fields(self.schema):  # type: ignore[arg-type]  # a dataclass (__init__)
             if self._scoped.get() is not None:
                 source = "scoped"
             elif f.name in self._configured:
