@@ -250,10 +250,22 @@ def test_fsdp_x_spatial_conv(replicated_params: bool) -> None:
     assert errors[0] < TOL and errors[1] < TOL, errors
 
 
-@pytest.mark.ranks(4, timeout=600)
 def test_fsdp_x_spatial_conv_compiled_in_one_graph() -> None:
     """simple_fsdp on "dp" and a spatially sharded conv net on "sp", compiled whole
-    (fullgraph: dt-conv's halo exchange and FSDP's collectives trace together)."""
+    (fullgraph, inductor: dt-conv's halo exchange and FSDP's collectives trace together).
+
+    Runs in its own fresh 4-rank world. In the shared world, after this file's other
+    compiles, AOTAutograd's partitioner fails ("Node tangents_2 was invalid, but is
+    output"), the order-dependent failure described in
+    test_compiled_fsdp_x_tp_aot_eager_and_hsdp_aot_eager_match; it is open (README).
+    """
+    from dt_core.testing import World
+
+    with World(4) as world:
+        world.run(_fsdp_x_spatial_conv_compiled, timeout=600)
+
+
+def _fsdp_x_spatial_conv_compiled() -> None:
     import torch
     from dt_core.testing import cpu_mesh
     from dt_fsdp_passes import simple_fsdp
@@ -269,7 +281,7 @@ def test_fsdp_x_spatial_conv_compiled_in_one_graph() -> None:
     model = _clone(reference)
     distribute_module(model, mesh["sp"])
     simple_fsdp(model, mesh["dp"])
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(model, fullgraph=True)  # inductor
     dp = mesh["dp"].get_local_rank()
 
     def sharded_step(m, batch):
