@@ -311,56 +311,49 @@ def merge_all_gathers(graph: fx.Graph, bucket: Bucket, fake_mode: Any) -> fx.Nod
     return gather
 
 
+Emit = Callable[..., fx.Node]  # emit(like, target, *args): one new node, placed in order
+
+
 def merge_reduce_scatters(graph: fx.Graph, bucket: Bucket, fake_mode: Any) -> fx.Node:
     """Replace the bucket's reduce-scatters by one; returns the new reduce-scatter node."""
-    members = bucket.members
-    first = members[0]
+    first = bucket.members[0]
     world = first.group_size
-    where = _positions(graph)
-    last = max((m.node for m in members), key=where.__getitem__)
-    # The gradients' ways out (views, casts) must follow the new wait: collect them first.
-    downstream: list[fx.Node] = []
-    for m in members:
-        stack = list(m.wait.users)
-        while stack:
-            node = stack.pop()
-            if node.op != "output" and node not in downstream:
-                downstream.append(node)
-                stack.extend(node.users)
-    with graph.inserting_before(last.next):
-        nodes: list[fx.Node] = []
 
-        def emit(like: fx.Node, target: Any, *args: Any) -> fx.Node:
-            nodes.append(_emit(graph, fake_mode, like, target, *args))
-            return nodes[-1]
-
-        rows = [emit(m.node, aten.reshape.default, m.input, [world, -1]) for m in members]
+    def reduce_scatter(emit: Emit) -> tuple[fx.Node, list[int]]:
+        # Each member's rows per destination rank, side by side: one row block per rank.
+        rows = [emit(m.node, aten.reshape.default, m.input, [world, -1]) for m in bucket.members]
         widths = [int(val(r).shape[1]) for r in rows]
         grid = rows[0] if len(rows) == 1 else emit(first.node, aten.cat.default, rows, 1)
         flat = emit(first.node, aten.reshape.default, grid, [-1])
         scatter = emit(first.node, REDUCE_SCATTER, flat, first.reduce_op, world, first.group_name)
-        wait = emit(first.wait, WAIT, scatter)
-        pieces = emit(first.wait, aten.split_with_sizes.default, wait, widths)
-        outs = []
-        for i, m in enumerate(members):
-            piece = graph.call_function(operator.getitem, (pieces, i))
-            piece.meta["val"] = val(pieces)[i]
-            nodes.append(piece)
-            outs.append(emit(m.wait, aten.reshape.default, piece, list(val(m.wait).shape)))
-    cursor = nodes[-1]
-    for m, out in zip(members, outs, strict=True):
-        m.wait.replace_all_uses_with(out)
-    for node in sorted(downstream, key=where.__getitem__):
-        cursor.append(node)
-        cursor = node
-    for m in members:
-        graph.erase_node(m.wait)
-        graph.erase_node(m.node)
-    return scatter
+        return scatter, widths
+
+    return _merge_reductions(graph, bucket, fake_mode, reduce_scatter)
 
 
 def merge_all_reduces(graph: fx.Graph, bucket: Bucket, fake_mode: Any) -> fx.Node:
     """Replace the bucket's all-reduces by one over the concatenated flat inputs."""
+    first = bucket.members[0]
+
+    def all_reduce(emit: Emit) -> tuple[fx.Node, list[int]]:
+        flats = [emit(m.node, aten.reshape.default, m.input, [-1]) for m in bucket.members]
+        numels = [int(val(f).numel()) for f in flats]
+        flat = flats[0] if len(flats) == 1 else emit(first.node, aten.cat.default, flats)
+        return emit(first.node, ALL_REDUCE, flat, first.reduce_op, first.group_name), numels
+
+    return _merge_reductions(graph, bucket, fake_mode, all_reduce)
+
+
+def _merge_reductions(
+    graph: fx.Graph,
+    bucket: Bucket,
+    fake_mode: Any,
+    collective: Callable[[Emit], tuple[fx.Node, list[int]]],
+) -> fx.Node:
+    """Shared by the reduce-scatter and all-reduce buckets: after the last member, run
+    `collective` (one collective over every member's input, and each member's size in its
+    result), wait once, split, and hand each member's users their piece. Everything that
+    used a member's result (views, casts) moves after the new wait."""
     members = bucket.members
     first = members[0]
     where = _positions(graph)
@@ -380,12 +373,9 @@ def merge_all_reduces(graph: fx.Graph, bucket: Bucket, fake_mode: Any) -> fx.Nod
             nodes.append(_emit(graph, fake_mode, like, target, *args))
             return nodes[-1]
 
-        flats = [emit(m.node, aten.reshape.default, m.input, [-1]) for m in members]
-        numels = [int(val(f).numel()) for f in flats]
-        flat = flats[0] if len(flats) == 1 else emit(first.node, aten.cat.default, flats)
-        reduced = emit(first.node, ALL_REDUCE, flat, first.reduce_op, first.group_name)
-        wait = emit(first.wait, WAIT, reduced)
-        pieces = emit(first.wait, aten.split_with_sizes.default, wait, numels)
+        merged, sizes = collective(emit)
+        wait = emit(first.wait, WAIT, merged)
+        pieces = emit(first.wait, aten.split_with_sizes.default, wait, sizes)
         outs = []
         for i, m in enumerate(members):
             piece = graph.call_function(operator.getitem, (pieces, i))
@@ -401,7 +391,7 @@ def merge_all_reduces(graph: fx.Graph, bucket: Bucket, fake_mode: Any) -> fx.Nod
     for m in members:
         graph.erase_node(m.wait)
         graph.erase_node(m.node)
-    return reduced
+    return merged
 
 
 def _positions(graph: fx.Graph) -> dict[fx.Node, int]:
