@@ -180,3 +180,37 @@ def test_reactivation_after_deactivate_installs_again(core) -> None:
     assert not hasattr(torch.ops.dt_sample, "scale")
     dt_core.activate()
     assert torch.ops.dt_sample.scale(torch.ones(1), 5.0).item() == 5.0
+
+
+def test_library_ops_wait_for_the_torch_module_that_defines_them() -> None:
+    """`defined_in`: registered when torch's module is imported, never importing it; the
+    undo of a still-waiting registration forgets it, that of a done one removes it."""
+    import sys
+
+    from dt_core import LibraryOps, import_hooks, installers
+
+    calls: list[object] = []
+    waiting = "torch.dt_core_probe_never_imported"
+    assert waiting not in sys.modules
+    undo = installers.install_library_ops(
+        "probe", LibraryOps("dt_core_probe", calls.append, kind="FRAGMENT", defined_in=waiting)
+    )
+    assert calls == [] and waiting in import_hooks.pending()
+    undo()
+    assert waiting not in import_hooks.pending() and calls == []
+
+    lib_ops = LibraryOps(
+        "dt_core_probe",
+        lambda lib: (calls.append(lib), lib.define("probe_op(Tensor x) -> Tensor")),
+        kind="FRAGMENT",
+        defined_in="torch.nn",  # already imported: registers at once
+    )
+    undo = installers.install_library_ops("probe", lib_ops)
+    assert len(calls) == 1 and hasattr(torch.ops.dt_core_probe, "probe_op")
+    undo()
+    with pytest.raises((AttributeError, RuntimeError)):
+        torch.ops.dt_core_probe.probe_op.default  # noqa: B018 - the definition is gone
+    with pytest.raises(ValueError, match="not a torch module"):
+        installers.install_library_ops(
+            "probe", LibraryOps("dt_core_probe", calls.append, defined_in="numpy")
+        )

@@ -10,9 +10,9 @@ import torch
 
 @pytest.mark.ranks(2, timeout=600)
 def test_compiled_graph_uses_fused_ops_with_equal_numerics() -> None:
-    import dt_symm_mem  # noqa: F401
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
+    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem.*)
     from dt_symm_mem import ops
 
     group = dist.group.WORLD

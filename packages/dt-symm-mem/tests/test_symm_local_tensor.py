@@ -12,6 +12,7 @@ import itertools
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem.*, as in torch)
 from dt_core.testing import rank_values, simulated_ranks
 
 FP8 = torch.float8_e4m3fn

@@ -147,8 +147,8 @@ def check_random_floats(name: str) -> None:
 
 
 def run_matmul_cases() -> None:
-    import dt_symm_mem  # noqa: F401  (defines torch.ops.symm_mem.* like torch's module)
     import torch.distributed as dist
+    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem.*)
 
     name = dist.group.WORLD.group_name
     world = dist.get_world_size()
@@ -230,8 +230,8 @@ def test_python_api_matches_ops() -> None:
 
 @pytest.mark.ranks(2)
 def test_argument_errors_are_clear() -> None:
-    import dt_symm_mem  # noqa: F401
     import torch.distributed as dist
+    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem.*)
 
     name = dist.group.WORLD.group_name
     A, B = torch.ones(4, 4), torch.ones(4, 4)

@@ -9,9 +9,25 @@ import pytest
 import torch
 
 
+def test_import_torch_leaves_torchs_symm_mem_module_unimported() -> None:
+    """The kernels wait for torch's own module instead of importing it (~30 ms on every
+    `import torch`); a fresh interpreter with every plugin active shows it."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, torch, dt_core; "
+        "assert 'symm-mem' in [p.name for p in dt_core.plugins() if p.state == 'active']; "
+        "print('torch.distributed._symmetric_memory' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", out.stdout
+
+
 def test_plugin_is_active_and_claims_the_cpu_kernels() -> None:
     import dt_core
-    import dt_symm_mem  # noqa: F401
+    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem.*)
     from dt_symm_mem.plugin import KERNELS
 
     info = {p.name: p for p in dt_core.plugins()}["symm-mem"]

@@ -92,8 +92,8 @@ def check_rs_scaled(case: tuple, name: str) -> str | None:
 
 
 def run_scaled_cases() -> None:
-    import dt_symm_mem  # noqa: F401
     import torch.distributed as dist
+    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem.*)
 
     name = dist.group.WORLD.group_name
     world = dist.get_world_size()

@@ -76,8 +76,9 @@ class LibraryOps:
     plugin claims, for conflict detection and `dt-plugins list`.
     `defined_in` names the torch module whose import defines the namespace's ops when
     torch defines them in Python (e.g. "torch.distributed._symmetric_memory" for
-    `symm_mem::*`); dt-core imports it before `define(lib)` so the ops exist wherever the
-    kernels do. Those definitions are torch's own and stay after `deactivate()`.
+    `symm_mem::*`): dt-core calls `define(lib)` as soon as that module has been imported
+    (at once if it already is) and never imports it itself, so the kernels exist exactly
+    when torch's ops do and a plain `import torch` does not pay for the module.
     """
 
     namespace: str

@@ -125,6 +125,20 @@ def cancel(name: str | None = None) -> None:
             _uninstall_finder()
 
 
+def cancel_callback(name: str, callback: Callback) -> bool:
+    """Forget one pending `callback` for `name`; False if it already ran or was never set."""
+    with _lock:
+        waiting = _callbacks.get(name, [])
+        if callback not in waiting:
+            return False
+        waiting.remove(callback)
+        if not waiting:
+            del _callbacks[name]
+        if not _callbacks:
+            _uninstall_finder()
+        return True
+
+
 def pending() -> list[str]:
     with _lock:
         return sorted(_callbacks)

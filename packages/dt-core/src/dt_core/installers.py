@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from . import contributions, graph_passes
+from . import contributions, graph_passes, import_hooks
 from .compat import MISSING, dispatch, hop_rules, inductor_passes, library, sharding_rules
 from .compat.torch_version import torch_version, untested_torch_allowed
 from .errors import DtPluginError
@@ -21,7 +21,11 @@ Undo = Callable[[], None]
 
 def install_library_ops(owner: str, library_ops: contributions.LibraryOps) -> Undo:
     if library_ops.defined_in:
-        library.import_defining_module(library_ops.defined_in)
+        return _install_when_defined(library_ops, library_ops.defined_in)
+    return _register_library(library_ops)
+
+
+def _register_library(library_ops: contributions.LibraryOps) -> Undo:
     lib = library.new_library(library_ops.namespace, library_ops.kind)
     try:
         library_ops.define(lib)
@@ -29,6 +33,26 @@ def install_library_ops(owner: str, library_ops: contributions.LibraryOps) -> Un
         library.destroy_library(lib)
         raise
     return lambda: library.destroy_library(lib)
+
+
+def _install_when_defined(library_ops: contributions.LibraryOps, module_name: str) -> Undo:
+    """Registers on the ops once torch's module that defines them has been imported, and
+    never imports it itself: before that import the ops do not exist in torch either,
+    and importing it eagerly would put its cost on every `import torch`."""
+    library.check_defining_module(module_name)
+    undo: list[Undo] = []
+
+    def register(module: object) -> None:
+        undo.append(_register_library(library_ops))
+
+    import_hooks.when_imported(module_name, register)
+
+    def remove() -> None:
+        if not import_hooks.cancel_callback(module_name, register):
+            for step in undo:
+                step()
+
+    return remove
 
 
 def install_local_tensor_rule(owner: str, rule: contributions.LocalTensorRule) -> Undo:

@@ -11,14 +11,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from dt_core.compat.symm_mem import ensure_symm_mem_ops_defined
-
 __version__ = "0.1.0"
-
-ensure_symm_mem_ops_defined()  # `import dt_symm_mem` makes torch.ops.symm_mem.* exist
 
 # The public names load on first use: dt-core imports `dt_symm_mem.plugin` (and so this
 # package) during `import torch`, and `api` pulls in torch.compiler machinery (~1.4 s).
+# Nothing here imports torch.distributed._symmetric_memory (~30 ms): as in torch, the
+# `torch.ops.symm_mem.*` ops exist once it is imported, and `api` imports it.
 _LAZY = {
     "fused_all_gather_matmul": "api",
     "fused_all_gather_scaled_matmul": "api",

@@ -3,8 +3,9 @@
 Light at import: the CPU kernels registered on torch's `symm_mem` namespace are thin
 wrappers that import `dt_symm_mem.ops` on first call. torch defines the `symm_mem::fused_*`
 ops in Python (torch.distributed._symmetric_memory); the library contribution names that
-module (`defined_in`), so dt-core imports it before registering the kernels and the ops
-exist wherever the kernels do.
+module (`defined_in`), so dt-core registers the kernels as soon as that module is imported
+(by torch's micro-pipeline pass, by `dt_symm_mem`'s functions, or by the user, as torch
+itself requires before `torch.ops.symm_mem.*` exist) and `import torch` stays light.
 """
 
 from __future__ import annotations

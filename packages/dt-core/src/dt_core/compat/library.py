@@ -5,7 +5,6 @@ Checked against torch 2.13.x (`CHECKED_WITH_TORCH`).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from . import ensure_supported_torch
@@ -25,13 +24,12 @@ def destroy_library(lib: Any) -> None:
     lib._destroy()
 
 
-def import_defining_module(module_name: str) -> None:
-    """Import the torch module whose import defines a namespace's ops (torch defines some,
-    e.g. `symm_mem::*`, in Python); the definitions are torch's own and stay."""
+def check_defining_module(module_name: str) -> None:
+    """A namespace's ops defined by a torch module's import (torch defines some, e.g.
+    `symm_mem::*`, in Python): only torch's own modules qualify."""
     if not module_name.startswith("torch."):
         raise ValueError(f"{module_name!r} is not a torch module")
     ensure_supported_torch(CHECKED_WITH_TORCH)
-    importlib.import_module(module_name)
 
 
 def registrations(dispatch_key: str) -> frozenset[str]:
