@@ -47,6 +47,18 @@ REAL_CHANGES = [
 ]
 
 
+def run_affected(*args: str) -> list[str]:
+    """The cells `tools/affected.py ARGS --json` prints, run as CI runs it."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--json"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(done.stdout)
+
+
 def git_available(commit: str) -> bool:
     probe = ["git", "cat-file", "-e", f"{commit}^{{commit}}"]
     return subprocess.run(probe, cwd=ROOT, capture_output=True).returncode == 0
@@ -55,14 +67,7 @@ def git_available(commit: str) -> bool:
 @pytest.mark.parametrize(("commit", "cells"), REAL_CHANGES)
 def test_cells_of_real_commits(commit: str, cells: list[str]) -> None:
     assert git_available(commit), f"{commit} missing: CI must clone with fetch-depth 0"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), f"{commit}^1", commit, "--json"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    assert json.loads(result.stdout) == cells
+    assert run_affected(f"{commit}^1", commit) == cells
 
 
 def test_rules_on_paths() -> None:
@@ -80,14 +85,7 @@ def test_rules_on_paths() -> None:
 
 
 def test_all_lists_every_cell() -> None:
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--all", "--json"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    assert json.loads(result.stdout) == EVERYTHING
+    assert run_affected("--all") == EVERYTHING
 
 
 def test_cells_match_the_hatch_test_matrix() -> None:

@@ -415,7 +415,7 @@ def _code_counts(code: str) -> dict[str, int]:
 
 def _compiled_counts(run, x) -> list[dict[str, int]]:
     """Run one fwd + bwd through Inductor and count collectives per generated module."""
-    from dt_core.compat.fsdp import run_and_get_code
+    from dt_core.testing.compiled import run_and_get_code
 
     def fwd_bwd() -> None:
         out = run(x)
@@ -448,8 +448,8 @@ def _sp_mlp(width: int = 8, hidden: int = 16):
 def _compiled_fsdp_tp(backend: str) -> dict:
     import torch
     import torch.distributed as dist
-    from dt_core.compat.fsdp import compile_caches
     from dt_core.testing import cpu_mesh
+    from dt_core.testing.compiled import compile_caches
     from dt_fsdp_passes import simple_fsdp
     from dt_fsdp_passes.passes import clear_pass_log, pass_log
     from torch.distributed.tensor import DTensor, Shard
@@ -530,8 +530,8 @@ def test_compiled_fsdp_x_tp_buckets_fsdp_and_fuses_tp_in_one_graph() -> None:
 def test_compiled_hsdp_buckets_reduce_scatters_and_replicate_all_reduces() -> None:
     import torch
     import torch.distributed as dist
-    from dt_core.compat.fsdp import compile_caches
     from dt_core.testing import cpu_mesh
+    from dt_core.testing.compiled import compile_caches
     from dt_fsdp_passes import simple_fsdp
 
     _setup()

@@ -44,6 +44,21 @@ def expand(names: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def parse_with_packages(
+    parser: argparse.ArgumentParser, argv: list[str] | None
+) -> tuple[argparse.Namespace, list[Path]]:
+    """`argv` parsed by `parser` plus the package names (`all`, names or paths) every tool
+    here takes; returns the arguments and the package folders. Exits with status 2
+    naming any that holds no package."""
+    parser.add_argument("names", nargs="+", help="`all`, package names or paths")
+    args = parser.parse_args(argv)
+    paths = [package_path(name) for name in expand(args.names)]
+    missing = [str(p) for p in paths if not (p / "pyproject.toml").exists()]
+    if missing:
+        parser.exit(2, f"{parser.prog}: no package at {', '.join(missing)}\n")
+    return args, paths
+
+
 def default_out(path: Path) -> Path:
     """dist/ for the packages of packages/; dist/test-only/ for test-only distributions
     (named by path), so they never lie among the files a release uploads."""
@@ -108,15 +123,9 @@ def build(path: Path, out: Path = DIST) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="+", help="`all`, package names or paths")
     parser.add_argument("--out", type=Path, help="output folder (default: dist/)")
     parser.add_argument("--force", action="store_true", help="rebuild even if current")
-    args = parser.parse_args(argv)
-    paths = [package_path(name) for name in expand(args.names)]
-    missing = [str(p) for p in paths if not (p / "pyproject.toml").exists()]
-    if missing:
-        print(f"build_dists: no package at {', '.join(missing)}", file=sys.stderr)
-        return 2
+    args, paths = parse_with_packages(parser, argv)
     for path in paths:
         out = args.out.resolve() if args.out else default_out(path)
         if not args.force and is_current(path, out):

@@ -26,18 +26,12 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import tomllib
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build_dists  # noqa: E402  (a sibling script, not an installed module)
 
 ROOT = build_dists.ROOT
 CONSTRAINTS = ROOT / "tools" / "constraints.txt"
 package_path, expand = build_dists.package_path, build_dists.expand
-
-
-def project(path: Path) -> dict:
-    return tomllib.loads((path / "pyproject.toml").read_text())["project"]
 
 
 def direct_url(name: str) -> dict | None:
@@ -51,7 +45,7 @@ def direct_url(name: str) -> dict | None:
 
 def is_current_editable(path: Path) -> bool:
     """Installed editable from `path`, and installed after its pyproject last changed."""
-    name = project(path)["name"]
+    name = build_dists.project_name(path)
     info = direct_url(name)
     if not info or not info.get("dir_info", {}).get("editable"):
         return False
@@ -74,7 +68,7 @@ def is_installed_wheel(name: str, wheel: Path) -> bool:
 
 def ours_installed() -> set[str]:
     """Our distributions (any package folder, plus the test-only ones) installed here."""
-    ours = {project(p)["name"] for p in map(package_path, expand(["all"]))}
+    ours = {build_dists.project_name(p) for p in map(package_path, expand(["all"]))}
     ours.add("dt-sample-plugin")
     present = set()
     for name in ours:
@@ -110,7 +104,10 @@ def install_wheels(paths: list[Path]) -> int:
         if not build_dists.is_current(path, out):
             build_dists.build(path, out)
             print(f"install_packages: built {path.name}", flush=True)
-    wheels = {project(path)["name"]: build_dists.wheel_of(path, out) for path, out in outs.items()}
+    wheels = {
+        build_dists.project_name(path): build_dists.wheel_of(path, out)
+        for path, out in outs.items()
+    }
     keep = {n for n, wheel in wheels.items() if wheel and is_installed_wheel(n, wheel)}
     remove = sorted(ours_installed() - keep)
     if remove:
@@ -141,14 +138,8 @@ def install_editable(paths: list[Path]) -> int:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="+", help="`all`, package names or paths")
     parser.add_argument("--wheels", action="store_true", help="install built wheels")
-    args = parser.parse_args(argv)
-    paths = [package_path(name) for name in expand(args.names)]
-    missing = [str(p) for p in paths if not (p / "pyproject.toml").exists()]
-    if missing:
-        print(f"install_packages: no package at {', '.join(missing)}", file=sys.stderr)
-        return 2
+    args, paths = build_dists.parse_with_packages(parser, argv)
     return install_wheels(paths) if args.wheels else install_editable(paths)
 
 

@@ -186,7 +186,7 @@ def _first(lines: list[str], text: str, after: int = -1) -> int:
 def test_compiled_code_waits_for_the_halo_after_the_interior_conv() -> None:
     """Overlap survives compilation: the exchange starts, the local conv runs, then the
     wait, then only the seam rows are recomputed (dt-conv's start/wait order)."""
-    from dt_core.compat.tracing import inductor_code
+    from dt_core.testing.compiled import run_and_get_code
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     torch.set_num_threads(1)
@@ -197,7 +197,7 @@ def test_compiled_code_waits_for_the_halo_after_the_interior_conv() -> None:
     wd = distribute_tensor(w, mesh, [Replicate()])
     fn = torch.compile(lambda a, b: F.conv2d(a, b, padding=1), backend="inductor", fullgraph=True)
     with torch.no_grad():
-        out, codes = inductor_code(fn, xd, wd)
+        out, codes = run_and_get_code(fn, xd, wd)
     torch.testing.assert_close(out.full_tensor(), F.conv2d(x, w, padding=1))
     lines = _code_lines(codes)
     start = _first(lines, "_c10d_functional.all_to_all_single.default(")

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 from dt_core import GraphPass
 from dt_core.graph_passes import pass_uuid, source_files
+from dt_core.testing.scripts import run_python
 
 
 def _noop(graph) -> None:
@@ -53,7 +51,7 @@ def test_uuid_changes_with_rank(dist_world) -> None:
 
 FX_CACHE_SCRIPT = """
 import torch
-from torch._dynamo.utils import counters
+from dt_core.testing.compiled import counting_compiles
 from dt_sample_plugin import plugin
 
 def step(x):
@@ -61,9 +59,9 @@ def step(x):
 
 def compile_once():
     torch._dynamo.reset()
-    counters.clear()
-    torch.compile(step)(torch.randn(16))
-    return {k: counters["inductor"][k] for k in
+    with counting_compiles() as counts:
+        torch.compile(step)(torch.randn(16))
+    return {k: counts[k] for k in
             ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")}
 
 print("FIRST", compile_once(), len(plugin.pass_calls))
@@ -78,16 +76,9 @@ def test_fx_graph_cache_hits_on_unchanged_compile_and_misses_on_new_settings(
 ) -> None:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     env.pop("DT_PLUGINS_DISABLE", None)
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(FX_CACHE_SCRIPT)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    out = {line.split(" ", 1)[0]: line for line in result.stdout.splitlines()}
-    first, second, changed = out["FIRST"], out["SECOND"], out["CHANGED"]
+    out = run_python(FX_CACHE_SCRIPT, env=env)
+    lines = {line.split(" ", 1)[0]: line for line in out.splitlines()}
+    first, second, changed = lines["FIRST"], lines["SECOND"], lines["CHANGED"]
     assert "'fxgraph_cache_miss': 1" in first and "'fxgraph_cache_bypass': 0" in first
     assert first.endswith(" 1")  # the plugin's pass ran on the compiled graph
     assert "'fxgraph_cache_hit': 1" in second and "'fxgraph_cache_bypass': 0" in second

@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import subprocess
-import sys
 import threading
 
 import pytest
 import torch
 import torch.distributed as dist
 from dt_core.testing import RankFailure, cpu_mesh, run_on_ranks
+from dt_core.testing.scripts import run_python
 
 
 def _rank_values(rank: int) -> torch.Tensor:
@@ -142,9 +141,12 @@ def test_rank_errors_are_reported_and_world_kept(dist_world):
 
 
 def test_plugin_import_does_not_import_torch():
-    code = "import sys, dt_core.testing.pytest_plugin; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    # The pytest plugin loads in every pytest run; the helpers import torch when used.
+    code = (
+        "import sys, dt_core.testing, dt_core.testing.compiled, dt_core.testing.pytest_plugin;"
+        " print('torch' in sys.modules)"
+    )
+    assert run_python(code).strip() == "False"
 
 
 # --- inner pytest runs: what a failing, stuck, dying or parallel test looks like ----------
@@ -186,11 +188,15 @@ def test_rank1_stuck():
         time.sleep(600)
 
 
-def test_fresh_world_after_stuck(dist_world):
+def _check_fresh_working_world(dist_world):
     world = dist_world(2)
-    assert world.pids != PIDS[-1]
+    assert world.pids != PIDS[-1]  # new processes replaced the failed world's
     PIDS.append(world.pids)
     assert world.run(_all_reduce_ones) == [[2.0, 2.0]] * 2
+
+
+def test_fresh_world_after_stuck(dist_world):
+    _check_fresh_working_world(dist_world)
 
 
 @pytest.mark.ranks(2)
@@ -200,9 +206,7 @@ def test_rank1_dies():
 
 
 def test_fresh_world_after_death(dist_world):
-    world = dist_world(2)
-    assert world.pids != PIDS[-1]
-    assert world.run(_all_reduce_ones) == [[2.0, 2.0]] * 2
+    _check_fresh_working_world(dist_world)
 
 
 @pytest.mark.ranks(2)

@@ -95,6 +95,59 @@ def test_settings_reject_bad_values_naming_them(monkeypatch) -> None:
     assert store.current() == _Knobs()  # failed calls changed nothing
 
 
+def test_settings_aliases_are_read_and_lose_to_the_new_name(monkeypatch) -> None:
+    store = SettingsStore("kit-alias", _Knobs, aliases={"chunk": "OLD_CHUNK", "mode": "OLD_MODE"})
+    monkeypatch.setenv("OLD_CHUNK", "16")
+    monkeypatch.setenv("OLD_MODE", "AllGather")  # choices match whatever the case
+    assert store.current() == _Knobs(chunk=16, mode="allgather")
+    monkeypatch.setenv("DT_KIT_ALIAS_CHUNK", "32")
+    assert store.current().chunk == 32
+    rows = {row["name"]: row for row in store.describe()}
+    assert rows["chunk"]["alias"] == "OLD_CHUNK" and rows["fast"]["alias"] is None
+    assert rows["mode"]["source"] == "environment"
+    monkeypatch.delenv("DT_KIT_ALIAS_CHUNK")
+    monkeypatch.setenv("OLD_CHUNK", "-4")  # the dataclass refuses it: the variable is named
+    with pytest.raises(ValueError, match="chunk must be positive.*OLD_CHUNK='-4'"):
+        store.current()
+    monkeypatch.setenv("OLD_CHUNK", "many")
+    with pytest.raises(ValueError, match="OLD_CHUNK must be int"):
+        store.current()
+    with pytest.raises(TypeError, match="unknown fields"):
+        SettingsStore("kit-alias-bad", _Knobs, aliases={"chunks": "OLD"})
+
+
+def test_settings_none_keeps_or_sets_as_the_store_says(monkeypatch) -> None:
+    keeps = SettingsStore("kit-none-keeps", _Knobs)
+    keeps.configure(sizes=(1, 2), chunk=8)
+    assert keeps.configure(sizes=None, chunk=None) == _Knobs(sizes=(1, 2), chunk=8)
+    with keeps.scoped(sizes=None) as inside:
+        assert inside.sizes == (1, 2)
+    sets = SettingsStore("kit-none-sets", _Knobs, none_is_value=True)
+    sets.configure(sizes=(1, 2))
+    assert sets.configure(sizes=None).sizes is None
+    with pytest.raises(ValueError, match="mode must be one of"):
+        sets.configure(mode=None)  # only Optional fields take None
+    sets.configure(sizes=(3,))
+    with sets.scoped(sizes=None) as inside:
+        assert inside.sizes is None
+    assert sets.current().sizes == (3,)
+    monkeypatch.setenv("DT_KIT_NONE_KEEPS_SIZES", "none")  # the environment's spelling
+    keeps.reset()
+    assert keeps.current().sizes is None
+    monkeypatch.setenv("DT_KIT_NONE_KEEPS_SIZES", "")
+    assert keeps.current().sizes is None
+
+
+def test_reconfigure_forgets_earlier_configure_calls_unless_it_fails() -> None:
+    store = SettingsStore("kit-reconfigure", _Knobs)
+    store.configure(chunk=8, fast=False)
+    assert store.reconfigure(mode="allgather") == _Knobs(mode="allgather")
+    with pytest.raises(ValueError, match="chunk must be positive"):
+        store.reconfigure(chunk=0)
+    assert store.current() == _Knobs(mode="allgather")  # the failed call changed nothing
+    assert store.reconfigure() == _Knobs()
+
+
 def test_counters_and_their_exit_report(tmp_path) -> None:
     counters = Counters("kit-count")
     reset_stats()
@@ -180,3 +233,6 @@ def test_settings_table_lists_every_store(monkeypatch) -> None:
     assert row == ["kit-table", "chunk", "32", "environment", "DT_KIT_TABLE_CHUNK"]
     monkeypatch.setenv("DT_KIT_TABLE_MODE", "spiral")
     assert "invalid: DT_KIT_TABLE_MODE must be one of" in settings_table()
+    monkeypatch.delenv("DT_KIT_TABLE_MODE")
+    SettingsStore("kit-table-renamed", _Knobs, aliases={"chunk": "KIT_OLD_CHUNK"})
+    assert "  KIT_OLD_CHUNK -> DT_KIT_TABLE_RENAMED_CHUNK" in settings_table().splitlines()

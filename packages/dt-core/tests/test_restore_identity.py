@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
+
+from dt_core.testing.scripts import run_python
 
 SCRIPT = """
 import json
@@ -42,15 +41,8 @@ print("RESULT", json.dumps({
 def test_deactivate_gives_back_torchs_own_state_for_every_installed_plugin() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DT_PLUGINS_")}
     env["DT_PLUGINS_AUTOLOAD"] = "0"
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    (line,) = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
+    out = run_python(SCRIPT, env=env)
+    (line,) = [x for x in out.splitlines() if x.startswith("RESULT ")]
     report = json.loads(line.split(" ", 1)[1])
     assert report["states"]["sample"] == "active"
     assert all(state == "active" for state in report["states"].values()), report["states"]

@@ -14,10 +14,8 @@ low). Per-rank work is the count of (query, key) score pairs each rank's kernels
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
-import sys
 import time
 from typing import Any
 
@@ -316,15 +314,9 @@ def main() -> None:
     for row in rows:
         if row["metric"] == "fwd_bwd_seconds":
             row["notes"] += f"; single-process peak RSS rise {single_peak:.1f} MB"
-    report = {"package": "dt-cp", "rows": rows, "series": series}
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    for row in rows:
-        print(
-            f"{row['name']}: {row['value']:.4g} vs {row['baseline_value']:.4g} "
-            f"(ratio {row['ratio']:.3f})"
-        )
-    sys.stdout.flush()
+    from dt_core.testing.benchmarks import write_report
+
+    write_report(args.json, "dt-cp", rows, series)
 
 
 if __name__ == "__main__":

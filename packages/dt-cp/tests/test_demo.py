@@ -1,4 +1,4 @@
-"""The demo stage runs on 2 ranks and reports an exact result in the lead's format."""
+"""The demo stage runs on 2 ranks and reports an exact result in the demo's format."""
 
 from __future__ import annotations
 
@@ -7,23 +7,7 @@ import pytest
 
 @pytest.mark.ranks(2)
 def test_demo_stage_small() -> None:
-    import torch.distributed as dist
+    from dt_core.testing.demo_stage import check_stage_result
     from dt_cp.demo import run_stage
 
-    result = run_stage(small=True)
-    keys = {
-        "feature",
-        "ranks",
-        "max_error",
-        "tolerance",
-        "ok",
-        "time_s",
-        "baseline_time_s",
-        "bytes_communicated",
-        "details",
-    }
-    assert set(result) == keys
-    assert result["ok"], result
-    assert result["ranks"] == dist.get_world_size() == 2
-    assert 0 <= result["max_error"] <= result["tolerance"]
-    assert result["time_s"] > 0 and result["baseline_time_s"] > 0
+    check_stage_result(run_stage(small=True), ranks=2)

@@ -24,8 +24,8 @@ def _records(kind: str) -> list[dict]:
 def _mlp_size_buckets() -> dict:
     import dt_fsdp_passes
     import torch
-    from dt_core.compat.fsdp import compile_caches, run_and_get_code
     from dt_core.testing import cpu_mesh
+    from dt_core.testing.compiled import compile_caches, run_and_get_code
     from dt_fsdp_passes.models import MLP, mse, train_and_compare, twin
     from dt_fsdp_passes.passes import clear_pass_log, counters
 
@@ -108,8 +108,8 @@ def test_compiled_mlp_buckets_by_size_and_matches_unsharded() -> None:
 def _transformer_by_module() -> dict:
     import dt_fsdp_passes
     import torch
-    from dt_core.compat.fsdp import compile_caches
     from dt_core.testing import cpu_mesh
+    from dt_core.testing.compiled import compile_caches
     from dt_fsdp_passes.models import Transformer, cross_entropy, train_and_compare, twin
     from dt_fsdp_passes.passes import clear_pass_log
 
@@ -158,8 +158,8 @@ def test_transformer_eager_and_compiled_per_module_buckets() -> None:
 def _uneven_four_ranks() -> dict:
     import dt_fsdp_passes
     import torch
-    from dt_core.compat.fsdp import compile_caches
     from dt_core.testing import cpu_mesh
+    from dt_core.testing.compiled import compile_caches
     from dt_fsdp_passes.models import mse, train_and_compare, twin
     from dt_fsdp_passes.passes import clear_pass_log
     from torch import nn
@@ -201,8 +201,8 @@ def test_uneven_shards_on_four_ranks_one_bucket_each_way() -> None:
 def _mixed_precision() -> dict:
     import dt_fsdp_passes
     import torch
-    from dt_core.compat.fsdp import compile_caches
     from dt_core.testing import cpu_mesh
+    from dt_core.testing.compiled import compile_caches
     from dt_fsdp_passes.models import MLP, mse, train_and_compare, twin
     from dt_fsdp_passes.passes import clear_pass_log
 

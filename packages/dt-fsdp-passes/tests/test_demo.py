@@ -7,23 +7,11 @@ import pytest
 
 @pytest.mark.ranks(2, timeout=300)
 def test_demo_stage_small_is_ok_and_well_formed() -> None:
+    from dt_core.testing.demo_stage import check_stage_result
     from dt_fsdp_passes.demo import run_stage
 
     result = run_stage(small=True)
-    keys = {
-        "feature",
-        "ranks",
-        "max_error",
-        "tolerance",
-        "ok",
-        "time_s",
-        "baseline_time_s",
-        "bytes_communicated",
-        "details",
-    }
-    assert set(result) == keys
-    assert result["ok"] and result["max_error"] <= result["tolerance"], result
-    assert result["ranks"] == 2 and result["time_s"] > 0 and result["baseline_time_s"] > 0
+    check_stage_result(result, ranks=2)
     assert result["bytes_communicated"] == int(3 * 4 * 16 * 16 * 4 / 2)
 
 

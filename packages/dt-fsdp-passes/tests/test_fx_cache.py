@@ -11,8 +11,8 @@ import pytest
 def _compile_three_times(cap_a: float, cap_b: float) -> list[dict]:
     import dt_fsdp_passes
     import torch
-    from dt_core.compat.fsdp import clear_compile_counters, compile_counters
     from dt_core.testing import cpu_mesh
+    from dt_core.testing.compiled import counting_compiles
     from dt_fsdp_passes.models import MLP, twin
     from dt_fsdp_passes.passes import pass_log
 
@@ -24,17 +24,15 @@ def _compile_three_times(cap_a: float, cap_b: float) -> list[dict]:
         for cap in (cap_a, cap_a, cap_b):
             dt_fsdp_passes.configure(bucket_cap_mb=cap)
             torch._dynamo.reset()
-            clear_compile_counters()
             runs_before = len(pass_log())
-            model = dt_fsdp_passes.simple_fsdp(twin(base), cpu_mesh(2))
-            torch.compile(model)(x).sum().backward()
-            counts = compile_counters()
+            with counting_compiles() as counts:
+                model = dt_fsdp_passes.simple_fsdp(twin(base), cpu_mesh(2))
+                torch.compile(model)(x).sum().backward()
             results.append(
                 {
-                    "hits": counts.get("fxgraph_cache_hit", 0)
-                    + counts.get("autograd_cache_hit", 0),
-                    "misses": counts.get("fxgraph_cache_miss", 0),
-                    "bypass": counts.get("fxgraph_cache_bypass", 0),
+                    "hits": counts["fxgraph_cache_hit"] + counts["autograd_cache_hit"],
+                    "misses": counts["fxgraph_cache_miss"],
+                    "bypass": counts["fxgraph_cache_bypass"],
                     "pass_runs": len(pass_log()) - runs_before,
                 }
             )

@@ -12,7 +12,6 @@ and a plain memcpy of the gathered size on every rank at once (the limit).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -113,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from dt_core.testing import get_world
+    from dt_core.testing.benchmarks import write_report
 
     if args.quick:
         sizes = [4 * KIB, 64 * KIB, MIB, 16 * MIB]
@@ -187,14 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             "log_y": True,
         }
     ]
-    report = {"package": "dt-symm-mem", "rows": rows, "series": series}
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    for row in rows:
-        print(
-            f"{row['name']}: {row['value']:.1f} {row['unit']} vs {row['baseline_value']:.1f} "
-            f"({row['ratio']:.2f}x, target {row['target']}) {row['notes']}"
-        )
+    write_report(args.json, "dt-symm-mem", rows, series)
     del rank0
     return 0
 

@@ -1,9 +1,11 @@
 """Hook specifications of the `dt` pluggy project: everything a plugin can contribute.
 
 A plugin is a module (named by an entry point in the `dt.plugins` group) holding
-functions marked with `dt_core.hookimpl`. Each hook is called lazily, when the part of
-torch it targets is first imported (see `dt_core.kinds`), so plugin modules should import
-heavy torch modules inside their hook functions rather than at top level.
+functions marked with `dt_core.hookimpl`. There is one hook per contribution kind, and
+its specification is made from that kind's entry in `dt_core.kinds.KINDS` (name, record
+type, docstring). Each hook is called lazily, when the part of torch it targets is first
+imported, so plugin modules should import heavy torch modules inside their hook functions
+rather than at top level.
 
 The hooks form a versioned API, `HOOK_API_VERSION` ("MAJOR.MINOR"): a new hook or a new
 optional field raises MINOR (plugins written for an older minor keep working); removing
@@ -14,11 +16,12 @@ is not activated and `dt-plugins list` shows it as incompatible.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pluggy
 
-from . import contributions
+from .kinds import KINDS, Kind
 
 PROJECT = "dt"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -32,37 +35,19 @@ DEFAULT_PLUGIN_API = ">=1.0,<2"  # what a plugin without DT_API was written for
 PLUGIN_API_ATTRIBUTE = "DT_API"
 
 
-@hookspec
-def dt_op_handlers() -> Sequence[contributions.OpHandler]:
-    """Ops whose whole DTensor dispatch the plugin takes over."""
+def _specification(kind: Kind) -> Callable[[], Sequence[Any]]:
+    """The pluggy hook specification of `kind`: a hook without arguments returning
+    `kind.record_type` records, documented by `kind.doc`."""
+
+    def specification() -> Sequence[Any]:
+        raise NotImplementedError  # never called: pluggy calls the plugins' hookimpls
+
+    specification.__name__ = specification.__qualname__ = kind.hook
+    specification.__doc__ = kind.doc
+    specification.__annotations__ = {"return": f"Sequence[{kind.record_type.__name__}]"}
+    return hookspec(specification)
 
 
-@hookspec
-def dt_hop_rules() -> Sequence[contributions.HopRule]:
-    """Higher-order-operator rules for tensor subclasses (installed with DTensor's part)."""
-
-
-@hookspec
-def dt_sharding_strategies() -> Sequence[contributions.ShardingStrategy]:
-    """Sharding strategies / propagation rules the plugin registers."""
-
-
-@hookspec
-def dt_library_ops() -> Sequence[contributions.LibraryOps]:
-    """torch.library ops (definitions, kernels, fake kernels) the plugin registers."""
-
-
-@hookspec
-def dt_graph_passes() -> Sequence[contributions.GraphPass]:
-    """Inductor post-grad graph passes the plugin contributes."""
-
-
-@hookspec
-def dt_patches() -> Sequence[contributions.Patch]:
-    """Attributes of torch the plugin replaces while active (API 1.1; DTensor's part)."""
-
-
-@hookspec
-def dt_local_tensor_rules() -> Sequence[contributions.LocalTensorRule]:
-    """How ops run under torch's LocalTensorMode (API 1.2; installed when that mode's
-    module is first imported)."""
+# One hook per entry of the kinds table: dt_library_ops, dt_op_handlers,
+# dt_sharding_strategies, dt_hop_rules, dt_patches, dt_graph_passes, dt_local_tensor_rules.
+globals().update({kind.hook: _specification(kind) for kind in KINDS})

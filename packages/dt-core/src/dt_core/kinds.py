@@ -4,7 +4,8 @@ Each `Kind` names its hook, the record type the hook returns, the torch part who
 installs it, its installer (one contribution in, its undo out), the conflict key (two
 usable plugins with the same key in the same part conflict) and the column
 `dt-plugins list` shows it in. Activation (`dt_core.activation`) is driven by this table
-alone; adding a kind is one hookspec, one entry here and one installer.
+alone, and the hook specifications are made from it: adding a kind is one entry here and
+one installer.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class Kind:
     """One kind of contribution (see the module docstring)."""
 
     name: str  # key in PluginRecord.contributions
-    hook: str  # hookspec whose results are of `record_type`
+    hook: str  # the hook (`dt_core.hookspecs` makes its specification from this entry)
+    doc: str  # the hook's docstring: what a plugin returns from it
     record_type: type
     part: Part
     install: Callable[[str, Any], installers.Undo]  # (plugin name, contribution) -> undo
@@ -56,6 +58,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="library_ops",
         hook="dt_library_ops",
+        doc="torch.library ops (definitions, kernels, fake kernels) the plugin registers.",
         record_type=contributions.LibraryOps,
         part=LIBRARY,
         install=installers.install_library_ops,
@@ -65,6 +68,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="op_handlers",
         hook="dt_op_handlers",
+        doc="Ops whose whole DTensor dispatch the plugin takes over.",
         record_type=contributions.OpHandler,
         part=DTENSOR,
         install=installers.install_op_handler,
@@ -75,6 +79,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="sharding_strategies",
         hook="dt_sharding_strategies",
+        doc="Sharding strategies / propagation rules the plugin registers.",
         record_type=contributions.ShardingStrategy,
         part=DTENSOR,
         install=installers.install_sharding_strategy,
@@ -85,6 +90,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="hop_rules",
         hook="dt_hop_rules",
+        doc="Higher-order-operator rules for tensor subclasses (installed with DTensor's part).",
         record_type=contributions.HopRule,
         part=DTENSOR,
         install=installers.install_hop_rule,
@@ -94,6 +100,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="patches",
         hook="dt_patches",
+        doc="Attributes of torch the plugin replaces while active (API 1.1; DTensor's part).",
         record_type=contributions.Patch,
         part=DTENSOR,
         install=installers.install_patch,
@@ -104,6 +111,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="graph_passes",
         hook="dt_graph_passes",
+        doc="Inductor post-grad graph passes the plugin contributes.",
         record_type=contributions.GraphPass,
         part=INDUCTOR,
         install=installers.install_graph_pass,
@@ -114,6 +122,10 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="local_tensor_rules",
         hook="dt_local_tensor_rules",
+        doc=(
+            "How ops run under torch's LocalTensorMode (API 1.2; installed when that mode's "
+            "module is first imported)."
+        ),
         record_type=contributions.LocalTensorRule,
         part=LOCAL_TENSOR,
         install=installers.install_local_tensor_rule,

@@ -2,7 +2,9 @@
 
 `settings` is a `dt_core.kit.SettingsStore("fsdp-passes", FsdpPassSettings)`: values come
 from `settings.scoped(...)`, `configure(...)`, the environment (`DT_FSDP_PASSES_<FIELD>`;
-the older `DT_FSDP_<FIELD>` names are still read, the new ones win), then the defaults.
+the older `DT_FSDP_<FIELD>` names are the store's aliases, the new ones win), then the
+defaults. None is a value (`configure(overlap_max_extra_mb=None)`, or the variable set to
+`none`).
 `dt-plugins list --settings` lists them. The passes read `current_settings()` at compile
 time, and the plugin's GraphPass reports the same dict as its settings, so changing a
 setting changes the pass's cache uuid and Inductor recompiles instead of serving a graph
@@ -12,7 +14,6 @@ bucketed under the old settings. Light at import (plugin.py loads it).
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,7 +27,7 @@ MODES: tuple[str, ...] = ("size", "module", "off")
 DEFAULT_BUCKET_CAP_MB = 4.0
 
 # Variable names from before the move onto dt-core's convention, still accepted.
-LEGACY_ENV = {
+LEGACY_ENV: dict[str, str] = {
     "mode": "DT_FSDP_MODE",
     "bucket_cap_mb": "DT_FSDP_BUCKET_CAP_MB",
     "overlap": "DT_FSDP_OVERLAP",
@@ -77,57 +78,8 @@ class FsdpPassSettings:
         return dataclasses.asdict(self)
 
 
-def _parse_legacy(field: str, name: str, text: str) -> object:
-    """A `DT_FSDP_<FIELD>` value, parsed as before (mode case-insensitive)."""
-    if field == "mode":
-        return text.strip().lower()
-    if field == "overlap":
-        lowered = text.strip().lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{name}={text!r}: expected 1/0, true/false, yes/no or on/off")
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: expected a number") from None
-
-
-class _FsdpSettingsStore(SettingsStore[FsdpPassSettings]):
-    """dt-core's store, plus the legacy variable names and an explicit None in configure().
-
-    Overrides two store internals; dt-core has no alias / explicit-None option yet.
-    """
-
-    def _from_environment(self) -> dict[str, object]:
-        values: dict[str, object] = {}
-        used: list[str] = []
-        for field, name in LEGACY_ENV.items():
-            text = os.environ.get(name)
-            if text is not None:
-                values[field] = _parse_legacy(field, name, text)
-                used.append(f"{name}={text!r}")
-        for field in self.fields():
-            if self.env_var(field) in os.environ:
-                used.append(f"{self.env_var(field)}={os.environ[self.env_var(field)]!r}")
-        values.update(super()._from_environment())
-        if used:  # a bad value should name the variable it came from
-            try:
-                self.schema(**values)  # type: ignore[arg-type]  # the fields are checked there
-            except ValueError as error:
-                raise ValueError(f"{error} (from the environment: {', '.join(used)})") from None
-        return values
-
-    def configure(self, **changes: object) -> FsdpPassSettings:
-        """Like the store's, but None is a value (overlap_max_extra_mb=None), not "keep"."""
-        merged = {**self._configured, **changes}
-        new = self._build({**self._from_environment(), **merged})
-        self._configured = merged
-        return new
-
-
-settings = _FsdpSettingsStore("fsdp-passes", FsdpPassSettings)
+# None is a value here: configure(overlap_max_extra_mb=None) goes back to "largest bucket".
+settings = SettingsStore("fsdp-passes", FsdpPassSettings, aliases=LEGACY_ENV, none_is_value=True)
 
 
 def current_settings() -> FsdpPassSettings:
@@ -141,13 +93,6 @@ def configure(**changes: Any) -> FsdpPassSettings:
     `configure(reset=True)` goes back to the environment's values (then applies any other
     changes given). Returns the new settings; a failed call changes nothing.
     """
-    reset = bool(changes.pop("reset", False))
-    if reset:
-        saved = settings._configured
-        settings.reset()
-        try:
-            return settings.configure(**changes)
-        except Exception:
-            settings._configured = saved
-            raise
+    if changes.pop("reset", False):
+        return settings.reconfigure(**changes)
     return settings.configure(**changes)

@@ -149,10 +149,10 @@ def overlap_graph(
         if _issue_order(list(graph.nodes)) != issue:  # pragma: no cover - defensive
             raise RuntimeError("dt_fsdp_passes: reorder changed the collective issue order")
         pins = _pins(order, [n for n in accepted if n in fsdp or _is_wait_of(n, fsdp)])
-        if pin:
-            from dt_core.compat.fsdp import pin_order
+        if pin:  # else Inductor's memory-driven scheduler moves gathers back to their waits
+            from dt_core.compat.tracing import order_after
 
-            pin_order(graph, pins)
+            order_after(graph, pins)
         stats["overlap_applied"] = True
         stats["pinned_nodes"] = len(pins) if pin else 0
     return stats

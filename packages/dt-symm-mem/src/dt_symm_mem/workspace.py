@@ -415,80 +415,110 @@ def _created(kind: str, where: str) -> None:
         after_create(kind, where)
 
 
-def _map_anonymous(group: Any, total: int) -> tuple[mmap.mmap, str] | str:
-    """Group rank 0 makes a memfd; the peers open it through /proc while rank 0 holds the
-    fd; rank 0 closes it after an all-gather of the results. Collective; returns the
-    mapping and its description, or the (all-gathered, so common) reason it failed."""
+def _share_from_rank0(
+    group: Any,
+    create: Callable[[], tuple[Any, mmap.mmap] | str],
+    open_peer: Callable[[Any], mmap.mmap | str],
+    release: Callable[[Any, bool], None],
+) -> tuple[mmap.mmap, Any] | str:
+    """Collective: group rank 0 creates a segment (`create()`: its shareable handle and
+    mapping, or why it failed), broadcasts the handle, the peers map it (`open_peer`), and
+    every rank all-gathers how it went, so all reach the same result. `release(handle,
+    aborted)` runs on every rank at the end; aborted is True when this rank raised mid-way
+    (a peer died, maybe the creator), so any rank that knows the handle can clean up.
+    Returns (mapping, handle) or the common reason it failed."""
+    handle: Any = None
     mm: mmap.mmap | None = None
-    fd: int | None = None
-    described: segment.AnonymousSegment | None = None
-    error = None
-    if group.rank() == 0 and not segment.memfd_supported():
-        error = "this host has no memfd_create or no /proc"
-    elif group.rank() == 0:
-        try:
-            fd, described, mm = segment.create_anonymous(total)
-            _created("memfd", described.proc_path)
-        except OSError as err:
-            error = f"creating an anonymous {total}-byte segment failed: {err}"
+    error: str | None = None
+    if group.rank() == 0:
+        made = create()
+        if isinstance(made, str):
+            error = made
+        else:
+            handle, mm = made
+    aborted = True
     try:
-        box: list[Any] = [(described, error)]
+        box: list[Any] = [(handle, error)]
         dist.broadcast_object_list(box, group_src=0, group=group)
-        described, error = box[0]
-        if described is not None and mm is None:
-            try:
-                mm = segment.open_anonymous(described, total)
-            except (OSError, ValueError) as err:
-                error = f"rank {group.rank()} cannot open the creator's memfd: {err}"
+        handle, error = box[0]
+        if handle is not None and mm is None:
+            opened = open_peer(handle)
+            if isinstance(opened, str):
+                error = opened
+            else:
+                mm = opened
         results: list[Any] = [None] * group.size()
         dist.all_gather_object(results, error, group=group)
+        aborted = False
     finally:
-        if fd is not None:
-            os.close(fd)  # every rank mapped it (or failed, or died): the memory lives on
+        release(handle, aborted)
     errors = sorted({e for e in results if e})
-    if errors or mm is None or described is None:
+    if errors or mm is None or handle is None:
         if mm is not None:
             mm.close()
         return "; ".join(errors) or "no segment"
+    return mm, handle
+
+
+def _map_anonymous(group: Any, total: int) -> tuple[mmap.mmap, str] | str:
+    """Group rank 0 makes a memfd; the peers open it through /proc while rank 0 holds the
+    fd; rank 0 closes it once every rank has answered. Collective; returns the mapping and
+    its description, or the (common) reason it failed."""
+    fds: list[int] = []
+
+    def create() -> tuple[segment.AnonymousSegment, mmap.mmap] | str:
+        if not segment.memfd_supported():
+            return "this host has no memfd_create or no /proc"
+        try:
+            fd, described, mm = segment.create_anonymous(total)
+        except OSError as err:
+            return f"creating an anonymous {total}-byte segment failed: {err}"
+        fds.append(fd)
+        _created("memfd", described.proc_path)
+        return described, mm
+
+    def open_peer(described: segment.AnonymousSegment) -> mmap.mmap | str:
+        try:
+            return segment.open_anonymous(described, total)
+        except (OSError, ValueError) as err:
+            return f"rank {group.rank()} cannot open the creator's memfd: {err}"
+
+    def release(_described: Any, _aborted: bool) -> None:
+        for fd in fds:
+            os.close(fd)  # every rank mapped it (or failed, or died): the memory lives on
+
+    shared = _share_from_rank0(group, create, open_peer, release)
+    if isinstance(shared, str):
+        return shared
+    mm, described = shared
     return mm, described.describe()
 
 
 def _map_named(group: Any, total: int) -> tuple[mmap.mmap, str] | str:
     """Create (group rank 0), broadcast the name, attach, unlink: collective."""
-    name: str | None = None
-    mm: mmap.mmap | None = None
-    error = None
-    if group.rank() == 0:
+
+    def create() -> tuple[str, mmap.mmap] | str:
         try:
             name = segment.new_name()
             mm = segment.create(name, total)
-            _created("named", name)
         except OSError as err:
-            name, error = None, f"creating a {total}-byte segment failed: {err}"
-    try:
-        box: list[Any] = [(name, error)]
-        dist.broadcast_object_list(box, group_src=0, group=group)
-        name, error = box[0]
-        if name is not None and mm is None:
-            try:
-                mm = segment.attach(name, total)
-            except (OSError, ValueError) as err:
-                error = f"attaching to the segment failed: {err}"
-        results: list[Any] = [None] * group.size()
-        dist.all_gather_object(results, error, group=group)
-    except BaseException:
-        if name is not None:
-            segment.unlink(name)  # a peer died mid-setup (maybe the creator): any rank cleans up
-        raise
-    finally:
-        if group.rank() == 0 and name is not None:
-            segment.unlink(name)  # every rank mapped it (or failed): the name can go
-    errors = sorted({e for e in results if e})
-    if errors or mm is None or name is None:
-        if mm is not None:
-            mm.close()
-        return "; ".join(errors) or "no segment"
-    return mm, name
+            return f"creating a {total}-byte segment failed: {err}"
+        _created("named", name)
+        return name, mm
+
+    def open_peer(name: str) -> mmap.mmap | str:
+        try:
+            return segment.attach(name, total)
+        except (OSError, ValueError) as err:
+            return f"attaching to the segment failed: {err}"
+
+    def release(name: str | None, aborted: bool) -> None:
+        # Normally rank 0 unlinks once every rank has mapped it (or failed); when a peer
+        # died mid-setup (maybe the creator), any rank that knows the name cleans up.
+        if name is not None and (aborted or group.rank() == 0):
+            segment.unlink(name)
+
+    return _share_from_rank0(group, create, open_peer, release)
 
 
 def _map_segment(state: _GroupState, buffer_bytes: int, timeout: float) -> ShmSymmMemory | str:

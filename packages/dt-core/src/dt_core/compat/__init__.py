@@ -13,8 +13,12 @@ Areas:
     inductor_passes   Inductor's post-grad custom pass lists
     process_groups    process groups by registered name (custom ops take groups by name)
     attention         flex_attention (dt-cp)
+    context_parallel  torch's own context-parallel state and load balancers (dt-cp)
+    local_tensor      LocalTensorMode's rules for ops that talk to peers
+    tracing           telling tracing from eager work; functional collectives, node order
     symm_mem          symmetric memory and micro-pipeline TP matchers (dt-symm-mem)
-    fsdp              Inductor internals the FSDP passes and their tests need
+    fsdp              DeviceMesh / placement internals and the fake mode of FSDP graphs
+    compile_introspection  Inductor's generated code, compile counters and caches (tests)
 
 No plugin imports `torch.distributed.tensor._*`, `torch._inductor.*` or other private
 torch modules itself.

@@ -1,13 +1,8 @@
-"""Private torch APIs used by the `fsdp-passes` plugin (dt-fsdp-passes); checked against
-torch 2.13.x (`CHECKED_WITH_TORCH`, passed to the shared version check).
+"""Private torch APIs the FSDP front end and its passes run on (dt-fsdp-passes); checked
+against torch 2.13.x (`CHECKED_WITH_TORCH`, passed to the shared version check).
 
 Interface:
     fake_mode_for(values) -> FakeTensorMode | None   (the fake mode of a post-grad graph)
-    run_and_get_code(fn, *args) -> (result, [source]) (Inductor's generated code)
-    compile_counters() -> dict                       (Inductor + AOTAutograd event counters)
-    clear_compile_counters()
-    compile_caches(enabled) -> context manager       (FX graph + AOT autograd caches on/off)
-    pin_order(graph, deps)                           (control deps Inductor keeps)
     same_rank_map(a, b), concatenate_meshes([m, ...]) (n-D meshes for DTensor parameters)
     strided_shard(dim, split_factor), is_strided_shard(p)  (FSDP over a TP-sharded dim)
     flatten_mesh(mesh, name)                         (one dim from several: dp x cp)
@@ -15,8 +10,7 @@ Interface:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Iterable
 from typing import Any
 
 from . import ensure_supported_torch
@@ -30,63 +24,6 @@ def fake_mode_for(values: Iterable[Any]) -> Any:
     from torch._guards import detect_fake_mode
 
     return detect_fake_mode(list(values))
-
-
-def run_and_get_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
-    """Run `fn` (which compiles with Inductor) and return its result and generated code."""
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    from torch._inductor.utils import run_and_get_code as _run_and_get_code
-
-    return _run_and_get_code(fn, *args, **kwargs)
-
-
-def compile_counters() -> dict[str, int]:
-    """Copies of Inductor's and AOTAutograd's event counters, merged (fxgraph_cache_hit,
-    fxgraph_cache_miss, autograd_cache_hit, autograd_cache_miss, ...)."""
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    from torch._dynamo.utils import counters
-
-    return {**counters["inductor"], **counters["aot_autograd"]}
-
-
-def clear_compile_counters() -> None:
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    from torch._dynamo.utils import counters
-
-    counters["inductor"].clear()
-    counters["aot_autograd"].clear()
-
-
-def compile_caches(enabled: bool) -> AbstractContextManager[Any]:
-    """Turn Inductor's FX graph cache and AOTAutograd's cache on or off for a block.
-
-    Off makes every compile run the graph passes (kernel code caches stay on, so the
-    C++ compile of an unchanged kernel is still reused).
-    """
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    import contextlib
-
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(inductor_config.patch(fx_graph_cache=enabled))
-    stack.enter_context(functorch_config.patch(enable_autograd_cache=enabled))
-    return stack
-
-
-def pin_order(graph: Any, deps: dict[Any, list[Any]]) -> None:
-    """Make each node in `deps` run after the nodes listed for it, in Inductor's scheduler too.
-
-    Inductor's scheduler reorders for peak memory and would move a prefetched all-gather
-    back next to its wait; control dependencies (the `control_deps` higher-order op, as
-    Inductor's own overlap scheduler uses) keep the order an FX pass chose.
-    """
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-    from torch.utils._ordered_set import OrderedSet
-
-    preserve_node_ordering(graph, {node: OrderedSet(after) for node, after in deps.items()})
 
 
 def same_rank_map(a: Any, b: Any) -> bool:

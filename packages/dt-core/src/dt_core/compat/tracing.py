@@ -18,7 +18,7 @@ compiled graph keeps that order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -110,14 +110,6 @@ def wait(t: Any) -> Any:
     return torch.ops._c10d_functional.wait_tensor(t)
 
 
-def inductor_code(fn: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
-    """Run a compiled `fn(*args)` and return (result, the Python code Inductor wrote)."""
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    from torch._inductor.utils import run_and_get_code
-
-    return run_and_get_code(fn, *args)
-
-
 @contextmanager
 def below_autograd() -> Iterator[None]:
     """Dispatch the block's ops past the autograd keys (an autograd.Function's forward
@@ -143,7 +135,7 @@ def run_torch_composite(op: Any, *args: Any) -> Any:
     return op._op_dk(key, *args)
 
 
-def order_after(graph: Any, extra_deps: dict[Any, Sequence[Any]]) -> None:
+def order_after(graph: Any, extra_deps: Mapping[Any, Sequence[Any]]) -> None:
     """Make each node of `extra_deps` run after the given nodes of the same post-grad FX
     graph (torch's control_deps wrapper, which Inductor schedules and never fuses across)."""
     ensure_supported_torch(CHECKED_WITH_TORCH)

@@ -26,7 +26,9 @@ def text_table(rows: list[list[str]]) -> str:
 def settings_table() -> str:
     """Every registered plugin setting: value now, where it came from, its variable."""
     rows = [["plugin", "setting", "value", "source", "environment variable"]]
+    renamed = []
     for plugin, store in sorted(registered_settings().items()):
+        renamed += [f"  {old} -> {store.env_var(field)}" for field, old in store.aliases.items()]
         try:
             described = store.describe()
         except (TypeError, ValueError) as error:  # a bad environment value: say so
@@ -38,7 +40,10 @@ def settings_table() -> str:
             )
     if len(rows) == 1:
         return "no plugin declares settings"
-    return text_table(rows)
+    if not renamed:
+        return text_table(rows)
+    notes = ["", "older variable names still read (the new name wins when both are set):"]
+    return "\n".join([text_table(rows), *notes, *renamed])
 
 
 def run_with_stats(command: Sequence[str]) -> tuple[int, dict[str, dict[str, float]], int]:

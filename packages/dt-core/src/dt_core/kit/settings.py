@@ -5,6 +5,13 @@ environment (`DT_<PLUGIN>_<FIELD>`, e.g. `DT_CP_ALGORITHM=ring`), the field's de
 Field types say how an environment value is parsed (bool, int, float, str, `Literal`
 choices, tuples of those, optional ones); the dataclass's `__post_init__` checks the
 rest. Every store is registered, so `dt-plugins list --settings` can show them all.
+
+- Renamed variables: `aliases={field: "OLD_NAME"}` keeps an older variable working; it is
+  read the same way, and the `DT_<PLUGIN>_<FIELD>` name wins when both are set.
+- None: in the environment an Optional field is None when its variable is empty or
+  `none`. In `configure()` / `scoped()` a None keyword keeps the current value, so a
+  wrapper can pass its own keyword defaults straight through; a store created with
+  `none_is_value=True` takes None as the value instead (how to unset an Optional field).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import os
 import threading
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -45,9 +52,13 @@ def _parse(text: str, kind: Any, name: str) -> object:
                 errors.append(str(error))
         raise ValueError("; ".join(errors))
     if origin is typing.Literal:
+        spelled = text.strip()
         for choice in params:
-            if str(choice) == text.strip():
+            if str(choice) == spelled:
                 return choice
+        folded = [c for c in params if str(c).lower() == spelled.lower()]
+        if len(folded) == 1:  # variables are often written in capitals: MODE=Ring
+            return folded[0]
         raise ValueError(f"{name} must be one of {list(params)}, got {text!r}")
     if origin is tuple:
         item = params[0] if params else str
@@ -82,14 +93,31 @@ def _check_choice(value: object, kind: Any, name: str) -> None:
 
 
 class SettingsStore(Generic[T]):
-    """The settings of one plugin: `schema` is a frozen dataclass with defaults."""
+    """The settings of one plugin: `schema` is a frozen dataclass with defaults.
 
-    def __init__(self, plugin: str, schema: type[T]) -> None:
+    aliases: older variable names still read, by field (the current name wins).
+    none_is_value: `configure(x=None)` / `scoped(x=None)` set x to None instead of
+    keeping its current value.
+    """
+
+    def __init__(
+        self,
+        plugin: str,
+        schema: type[T],
+        *,
+        aliases: Mapping[str, str] | None = None,
+        none_is_value: bool = False,
+    ) -> None:
         if not dataclasses.is_dataclass(schema):
             raise TypeError(f"settings of {plugin!r} must be a dataclass, got {schema!r}")
         self.plugin = plugin
         self.schema = schema
         self._types = typing.get_type_hints(schema)
+        self.aliases: dict[str, str] = dict(aliases or {})
+        unknown = sorted(set(self.aliases) - set(self.fields()))
+        if unknown:
+            raise TypeError(f"settings of {plugin!r}: aliases name unknown fields {unknown}")
+        self.none_is_value = none_is_value
         self._configured: dict[str, object] = {}
         self._scoped: contextvars.ContextVar[T | None] = contextvars.ContextVar(
             f"dt_{plugin}_settings", default=None
@@ -103,13 +131,34 @@ class SettingsStore(Generic[T]):
     def env_var(self, field: str) -> str:
         return env_var(self.plugin, field)
 
+    def _variable_set(self, field: str) -> str | None:
+        """The variable this field is read from now: its own name, else its alias."""
+        for name in (self.env_var(field), self.aliases.get(field)):
+            if name is not None and name in os.environ:
+                return name
+        return None
+
     def _from_environment(self) -> dict[str, object]:
         values = {}
-        for name in self.fields():
-            text = os.environ.get(self.env_var(name))
-            if text is not None:
-                values[name] = _parse(text, self._types[name], self.env_var(name))
+        used = {}
+        for field in self.fields():
+            name = self._variable_set(field)
+            if name is not None:
+                used[name] = os.environ[name]
+                values[field] = _parse(used[name], self._types[field], name)
+        if used:  # a value the dataclass refuses should name the variable it came from
+            try:
+                self._build(values)
+            except ValueError as error:
+                spelled = ", ".join(f"{name}={text!r}" for name, text in used.items())
+                raise ValueError(f"{error} (from the environment: {spelled})") from None
         return values
+
+    def _changes(self, changes: dict[str, object]) -> dict[str, object]:
+        """Keyword changes to apply: None means "keep" unless the store takes it as a value."""
+        if self.none_is_value:
+            return dict(changes)
+        return {k: v for k, v in changes.items() if v is not None}
 
     def _build(self, values: dict[str, object]) -> T:
         unknown = sorted(set(values) - set(self.fields()))
@@ -127,11 +176,22 @@ class SettingsStore(Generic[T]):
         return self._build({**self._from_environment(), **self._configured})
 
     def configure(self, **changes: object) -> T:
-        """Set process-wide values (None keeps the current one); returns the new settings."""
-        changes = {k: v for k, v in changes.items() if v is not None}
-        merged = {**self._configured, **changes}
+        """Set process-wide values (None: see `none_is_value`); returns the new settings.
+
+        A call that fails changes nothing.
+        """
+        merged = {**self._configured, **self._changes(changes)}
         settings = self._build({**self._from_environment(), **merged})
         self._configured = merged
+        return settings
+
+    def reconfigure(self, **changes: object) -> T:
+        """`configure` from a clean slate: earlier `configure` calls are forgotten first.
+
+        A call that fails changes nothing."""
+        fresh = self._changes(changes)
+        settings = self._build({**self._from_environment(), **fresh})
+        self._configured = fresh
         return settings
 
     def reset(self) -> None:
@@ -140,11 +200,11 @@ class SettingsStore(Generic[T]):
 
     @contextlib.contextmanager
     def scoped(self, **changes: object) -> Iterator[T]:
-        """These values inside the block only (None keeps the current one)."""
+        """These values inside the block only (None: see `none_is_value`)."""
         current = self.current()
         # Shallow: asdict() would deep-copy fields such as tensors or balancer objects.
         base = {name: getattr(current, name) for name in self.fields()}
-        base.update({k: v for k, v in changes.items() if v is not None})
+        base.update(self._changes(changes))
         token = self._scoped.set(self._build(base))
         try:
             yield self._scoped.get()  # type: ignore[misc]  # set just above: never None here
@@ -152,7 +212,8 @@ class SettingsStore(Generic[T]):
             self._scoped.reset(token)
 
     def describe(self) -> list[dict[str, object]]:
-        """One row per field: name, value now, default, environment variable, source."""
+        """One row per field: name, value now, default, environment variable, its older
+        name (alias, or None), source."""
         current = self.current()
         env = self._from_environment()
         rows = []
@@ -171,6 +232,7 @@ class SettingsStore(Generic[T]):
                     "value": getattr(current, f.name),
                     "default": f.default if f.default is not dataclasses.MISSING else None,
                     "env": self.env_var(f.name),
+                    "alias": self.aliases.get(f.name),
                     "source": source,
                 }
             )

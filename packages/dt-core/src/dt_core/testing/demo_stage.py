@@ -1,0 +1,31 @@
+"""The result every plugin's demo stage returns (`run_stage(small)`, tabulated by
+`tools/demo.py`), and the check its tests share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+STAGE_RESULT_KEYS = frozenset(
+    {
+        "feature",  # what the stage computes, one line
+        "ranks",
+        "max_error",  # against the same computation on one process
+        "tolerance",
+        "ok",  # max_error <= tolerance on this rank
+        "time_s",  # with the plugin
+        "baseline_time_s",  # without it, measured in the same run
+        "bytes_communicated",  # per rank
+        "details",
+    }
+)
+
+
+def check_stage_result(result: Mapping[str, Any], ranks: int) -> None:
+    """Assert `result` is a stage result in the demo's format that matched its reference
+    within tolerance on `ranks` ranks, with both timings measured."""
+    assert set(result) == STAGE_RESULT_KEYS, f"keys {sorted(result)}, expected {STAGE_RESULT_KEYS}"
+    assert result["ok"] is True, result
+    assert result["ranks"] == ranks, result
+    assert 0 <= result["max_error"] <= result["tolerance"], result
+    assert result["time_s"] > 0 and result["baseline_time_s"] > 0, result
