@@ -80,6 +80,32 @@ def check(cases: Sequence[tp.Case], mesh_shape: Sequence[int], record: Any) -> N
 MESHES = [pytest.param((2,), id="2"), pytest.param((4,), id="4")]
 
 
+def _doubled_when_sharded(x: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return x * 2 if isinstance(x, DTensor) else x
+
+
+def _detached_when_sharded(x: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return x.detach() * x if isinstance(x, DTensor) else x * x
+
+
+def test_the_checker_catches_wrong_values_gradients_and_layouts() -> None:
+    """The comparison these tests rely on reports each kind of difference."""
+    x = tp.randn(2, 3, 4, 4, seed=0)
+    cases = [
+        tp.Case("values", _doubled_when_sharded, (tp.Operand(x, (Shard(2),)),)),
+        tp.Case("gradients", _detached_when_sharded, (tp.Operand(x, (Shard(2),)),)),
+        tp.Case("layout", lambda t: t.sum(1), (tp.Operand(x, (Shard(1),)),), keeps_layout=True),
+    ]
+    problems, _ = simulate(cases, (2,))
+    found = {(p.split(":")[0], p.split(":")[1].split()[0]) for p in problems}
+    want = {("values", "out0"), ("values", "grad0"), ("gradients", "grad0"), ("layout", "output")}
+    assert found == want, problems
+
+
 @pytest.mark.parametrize("mesh_shape", [*MESHES, pytest.param((3,), id="3")])
 def test_convolution_patterns(mesh_shape: tuple[int, ...], record_property: Any) -> None:
     cases = tp.conv_cases(ONE_D) + tp.conv_1d_3d_cases(1) + tp.channel_conv_cases(1)

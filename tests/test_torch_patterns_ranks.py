@@ -23,6 +23,8 @@ def _setup() -> None:
     torch.set_num_threads(1)
     if not dt_core.is_active():  # a test before may have deactivated them
         dt_core.activate()
+    active = {info.name for info in dt_core.plugins() if info.state == "active"}
+    assert {"conv", "cp", "symm-mem", "fsdp-passes"} <= active, active
 
 
 def _check(cases: list, mesh_shape: tuple[int, ...]) -> None:

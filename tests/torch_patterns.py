@@ -183,9 +183,14 @@ def check_here(case: Case, mesh: Any, world: int) -> tuple[list[str], list[str]]
 
 
 def check_all_here(cases: Sequence[Case], mesh: Any, world: int) -> list[str]:
+    """Every case; one that raises is reported and the others still run (every rank
+    raises alike, so no rank is left in a collective)."""
     problems: list[str] = []
     for case in cases:
-        problems += check_here(case, mesh, world)[0]
+        found, error = outcome(lambda c=case: check_here(c, mesh, world)[0])
+        if error is not None:
+            found = [f"{case.name}: raised {type(error).__name__}: {error}"]
+        problems += found
     return problems
 
 
