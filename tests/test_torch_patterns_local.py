@@ -188,16 +188,18 @@ def test_tp_examples(world: int) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     problems = []
-    for seed, (name, make, plan, shape) in enumerate(tp.tp_models()):
-        reference = tp.seeded_model(make)
+    for seed, example in enumerate(tp.tp_models()):
+        reference = tp.seeded_model(example.make)
         parallel = tp.clone(reference)
-        inputs, grads = tp.tp_data(shape, steps=2, seed=100 + 10 * seed)
+        inputs, grads = tp.tp_data(example.shape, steps=2, seed=100 + 10 * seed)
         wants = [tp.gradient_step(reference, x, g) for x, g in zip(inputs, grads)]
         with simulated_ranks(world):
-            parallelize_module(parallel, init_device_mesh("cpu", (world,)), plan())
-            gots = [tp.gradient_step(parallel, x, g) for x, g in zip(inputs, grads)]
+            mesh = init_device_mesh("cpu", (world,))
+            parallelize_module(parallel, mesh, example.plan())
+            xs = [tp.tp_input(example, x, mesh) for x in inputs]
+            gots = [tp.gradient_step(parallel, x, g) for x, g in zip(xs, grads)]
         for want, got in zip(wants, gots):
-            problems += tp.step_differences(name, want, got, world)
+            problems += tp.step_differences(example.name, want, got, world)
     assert not problems, "\n".join(problems)
 
 

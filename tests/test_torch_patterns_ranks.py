@@ -48,12 +48,14 @@ def test_convolution_patterns(world_size: int) -> None:
 
 
 @pytest.mark.ranks(4, timeout=TIMEOUT)
-def test_convolution_patterns_2d_mesh() -> None:
+def test_spatial_patterns_2d_mesh() -> None:
     import torch_patterns as tp
     from torch.distributed.tensor import Shard
 
     _setup()
-    _check(tp.conv_cases([(Shard(2), Shard(3))]) + tp.conv_1d_3d_cases(2), (2, 2))
+    layouts = [(Shard(2), Shard(3))]
+    cases = tp.conv_cases(layouts) + tp.conv_1d_3d_cases(2) + tp.interpolate_cases(layouts)
+    _check(cases + tp.pool_cases(layouts) + tp.pad_cases(layouts), (2, 2))
 
 
 @pytest.mark.ranks(2, 4, timeout=TIMEOUT)
@@ -120,14 +122,16 @@ def test_tp_examples(world_size: int) -> None:
 
     _setup()
     problems = []
-    for seed, (name, make, plan, shape) in enumerate(tp.tp_models()):
-        reference = tp.seeded_model(make)
-        parallel = parallelize_module(tp.clone(reference), cpu_mesh((world_size,)), plan())
-        inputs, grads = tp.tp_data(shape, steps=3, seed=100 + 10 * seed)
+    mesh = cpu_mesh((world_size,))
+    for seed, example in enumerate(tp.tp_models()):
+        reference = tp.seeded_model(example.make)
+        parallel = parallelize_module(tp.clone(reference), mesh, example.plan())
+        inputs, grads = tp.tp_data(example.shape, steps=3, seed=100 + 10 * seed)
         ref_outs = tp.train_reference(reference, inputs, grads)
-        outs = tp.train_parallel(parallel, inputs, grads)
+        xs = [tp.tp_input(example, x, mesh) for x in inputs]
+        outs = tp.train_parallel(parallel, xs, grads)
         params = tp.parallel_params(parallel)
-        problems += tp.training_differences(name, reference, ref_outs, outs, params, 1)
+        problems += tp.training_differences(example.name, reference, ref_outs, outs, params, 1)
     assert not problems, "\n".join(problems)
 
 

@@ -669,18 +669,64 @@ def attention_plan(local_output: bool) -> dict[str, Any]:
     return plan
 
 
-def tp_models() -> list[tuple[str, Callable[[], nn.Module], Callable[[], dict[str, Any]], tuple]]:
-    """(name, model factory, plan factory, input shape) for the TP examples."""
+class Block(nn.Module):
+    """A pre-norm attention block, for torch's sequence-parallel TP example."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.attn = Attention(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.attn(self.norm(x))
+
+
+def sequence_parallel_plan() -> dict[str, Any]:
+    """The norm on sequence shards, the attention gathering them and handing its output
+    back as sequence shards (torch's TP-with-sequence-parallel layout)."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan: dict[str, Any] = {
+        "norm": SequenceParallel(),
+        "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attn.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+    }
+    for name in ("wq", "wk", "wv"):
+        plan[f"attn.{name}"] = ColwiseParallel(use_local_output=False)
+    return plan
+
+
+@dataclass(frozen=True)
+class TpExample:
+    name: str
+    make: Callable[[], nn.Module]
+    plan: Callable[[], dict[str, Any]]
+    shape: tuple[int, ...]
+    input_layout: tuple[Placement, ...] | None = None  # None: a plain (replicated) input
+
+
+def tp_models() -> list[TpExample]:
+    """torch's TP examples: an MLP, attention with local or DTensor heads, and a
+    sequence-parallel block (input sharded on the sequence)."""
     return [
-        ("MLP colwise/rowwise", MLP, mlp_plan, (20, 10)),
-        ("attention, local head shards", Attention, lambda: attention_plan(True), (2, 8, 16)),
-        (
-            "attention, DTensor heads into SDPA",
-            Attention,
-            lambda: attention_plan(False),
-            (2, 8, 16),
+        TpExample("MLP colwise/rowwise", MLP, mlp_plan, (20, 10)),
+        TpExample("attention, local heads", Attention, lambda: attention_plan(True), (2, 8, 16)),
+        TpExample("attention, DTensor heads", Attention, lambda: attention_plan(False), (2, 8, 16)),
+        TpExample(
+            "sequence-parallel block", Block, sequence_parallel_plan, (2, 8, 16), (Shard(1),)
         ),
     ]
+
+
+def tp_input(example: TpExample, x: torch.Tensor, mesh: Any) -> Any:
+    if example.input_layout is None:
+        return x
+    return distribute_tensor(x, mesh, list(example.input_layout))
 
 
 def train_reference(
