@@ -130,7 +130,9 @@ def _circular(case: tp.Case) -> bool:
     return "circular" in case.name
 
 
-@pytest.mark.parametrize("mesh_shape", [*MESHES, pytest.param((2, 2), id="2x2")])
+@pytest.mark.parametrize(
+    "mesh_shape", [*MESHES, pytest.param((3,), id="3"), pytest.param((2, 2), id="2x2")]
+)
 def test_interpolate_pool_pad(mesh_shape: tuple[int, ...], record_property: Any) -> None:
     layouts = _spatial(mesh_shape)
     cases = tp.interpolate_cases(layouts) + tp.pool_cases(layouts) + tp.pad_cases(layouts)
@@ -156,7 +158,9 @@ def test_torch_ops_on_conv_outputs(mesh_shape: tuple[int, ...], record_property:
     check(cases, mesh_shape, record_property)
 
 
-@pytest.mark.parametrize("mesh_shape", [*MESHES, pytest.param((2, 2), id="2x2")])
+@pytest.mark.parametrize(
+    "mesh_shape", [*MESHES, pytest.param((3,), id="3"), pytest.param((2, 2), id="2x2")]
+)
 def test_sdpa_sequence_sharded(mesh_shape: tuple[int, ...], record_property: Any) -> None:
     check(tp.sdpa_cases(len(mesh_shape)), mesh_shape, record_property)
 
