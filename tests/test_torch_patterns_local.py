@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,18 +42,11 @@ def every_plugin_active() -> None:
     assert PLUGINS <= active, active
 
 
-def _world(mesh_shape: Sequence[int]) -> int:
-    n = 1
-    for d in mesh_shape:
-        n *= d
-    return n
-
-
 def simulate(cases: Sequence[tp.Case], mesh_shape: Sequence[int]) -> tuple[list[str], set[str]]:
     """Every case sharded over simulated ranks vs one process: (problems, fallbacks)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    world = _world(mesh_shape)
+    world = math.prod(mesh_shape)
     expected = [tp.reference(case) for case in cases]  # outside the mode: plain torch
     problems: list[str] = []
     fallbacks: set[str] = set()
