@@ -89,13 +89,6 @@ def test_sdpa_sequence_sharded(world_size: int) -> None:
     _check(tp.sdpa_cases(1) + tp.flex_cases() + tp.dt_cp_flex_cases(), (world_size,))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dt-cp: torch's flex_attention front end called without a block_mask passes "
-    "torch's default BlockMask (seq_lengths (1, 1), one block of 2**30); dt-cp's HOP rule "
-    "refuses it: ValueError 'dt-cp: block_mask is for lengths (1, 1), but the global "
-    "sequence lengths are (12, 12)'",
-)
 @pytest.mark.ranks(2, timeout=TIMEOUT)
 def test_flex_attention_without_block_mask() -> None:
     import torch_patterns as tp

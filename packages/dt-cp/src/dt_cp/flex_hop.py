@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from dt_core.compat import attention
 from dt_core.dtensors import as_dtensor
 from torch.distributed.tensor import DTensor
 
@@ -65,9 +66,17 @@ def _setup(
     mask_buffers: tuple,
     joint_graph: Any = None,
 ) -> tuple:
-    from dt_core.tracing import is_tracing
+    from dt_core.tracing import is_tracing, simulates_ranks
 
     traced = is_tracing(block_mask[2])
+    if traced and simulates_ranks(query, key, value):
+        # torch's front end compiles even in eager, and Dynamo's fake tensors cannot hold
+        # the per-rank values LocalTensorMode simulates: say so instead of torch's assert
+        raise NotImplementedError(
+            "dt-cp: torch's flex_attention front end compiles its call, which cannot run "
+            "on LocalTensorMode's simulated ranks; call dt_cp.flex_attention(q, k, v, ...) "
+            "there (same arguments), which runs exactly under the mode"
+        )
     # torch's eager front end traces the operator once (fake tensors) before running it
     # for real: that trace only needs shapes, so it takes the traceable algorithm quietly.
     with settings(algorithm="allgather") if traced else contextlib.nullcontext():
@@ -78,7 +87,8 @@ def _setup(
             "use dt_cp.flex_attention, which falls back exactly"
         )
     q_len, kv_len = block_mask[0], block_mask[1]
-    if (q_len, kv_len) != (query.shape[2], key.shape[2]):
+    no_mask = attention.is_default_block_mask(block_mask)  # flex_attention(..., block_mask=None)
+    if not no_mask and (q_len, kv_len) != (query.shape[2], key.shape[2]):
         raise ValueError(
             f"dt-cp: block_mask is for lengths {(q_len, kv_len)}, but the global sequence "
             f"lengths are {(query.shape[2], key.shape[2])}; build it for the global sequence"
@@ -91,7 +101,7 @@ def _setup(
         score_mod_vjp=_joint_vjp(joint_graph, score_buffers),
         batch_offset=b_off,
         head_offset=h_off,
-        visible=None if traced else BlockVisibility.from_tuple(block_mask),
+        visible=None if traced or no_mask else BlockVisibility.from_tuple(block_mask),
     )
     return plan, spec, plan.shards or Shards.local(query.shape[2], key.shape[2])
 

@@ -41,6 +41,17 @@ def remove_hop_subclass_impl(hop: Any, subclass: type, previous: Any) -> None:
     hop._dispatch_cache.clear()
 
 
+def is_default_block_mask(block_mask: tuple) -> bool:
+    """Whether `block_mask` (`BlockMask.as_tuple()`) is the one torch's flex_attention makes
+    when called without a mask: one block of torch's "large" size over lengths (1, 1),
+    meaning every query sees every key whatever the real lengths are."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    from torch.nn.attention import flex_attention
+
+    large = flex_attention._LARGE_SPARSE_BLOCK_SIZE
+    return tuple(block_mask[:2]) == (1, 1) and tuple(block_mask[-3:-1]) == (large, large)
+
+
 def flex_attention_hops() -> tuple[Any, Any]:
     """torch's flex_attention forward and backward higher-order operators."""
     ensure_supported_torch(CHECKED_WITH_TORCH)
