@@ -239,6 +239,20 @@ def test_unsupported_layouts_fall_back_exactly_and_warn_once() -> None:
     assert torch.allclose(y.full_tensor(), F.conv_transpose2d(x, w, padding=1))
     assert any("transposed" in str(c.message) for c in caught)
 
+    # a plain input with DTensor parameters: a replicated DTensor out, and the input's
+    # gradient plain (a plain op upstream gets it), both equal to one process's
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    F.conv2d(xr * 2, wr.transpose(0, 1), padding=1).square().sum().backward()
+    xp = x.clone().requires_grad_()
+    wd = distribute_tensor(w, mesh, [Replicate()]).requires_grad_()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        y = F.conv2d(xp * 2, wd.transpose(0, 1), padding=1)
+        assert y.placements == (Replicate(),)
+        y.square().sum().backward()
+    assert type(xp.grad) is torch.Tensor and torch.allclose(xp.grad, xr.grad)
+    assert torch.allclose(wd.grad.full_tensor(), wr.grad)
+
 
 @pytest.mark.ranks(2)
 def test_random_configurations_property() -> None:

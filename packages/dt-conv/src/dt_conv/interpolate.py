@@ -16,7 +16,7 @@ from typing import cast
 
 import torch
 from dt_core.compat.tracing import no_dispatch_modes
-from dt_core.kit import bind_positional
+from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
 from . import spatial
@@ -209,7 +209,7 @@ def upsample(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
     out_size, _, align, scales = _split_args(name, values, backward=False)
     op = _window_op(x, name, x.shape, out_size, align, scales)
     if isinstance(op, str):
-        return spatial.fallback(name, op, op_call, values, x)
+        return replicated_fallback("conv", op, op_call, values, like=(x,))
     if not op.plan.splits:  # nothing sharded along the op's dims: torch's own kernel
         local = op_call(x.to_local(), *values[1:])
         return spatial.as_dtensor(local, op.plan.mesh, op.plan.placements, op.plan.out_shape)
@@ -222,7 +222,7 @@ def upsample_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
     out_size, in_size, align, scales = _split_args(name, values, backward=True)
     op = _window_op(grad, name, in_size, out_size, align, scales)
     if isinstance(op, str):
-        return spatial.fallback(name, op, op_call, values, grad)
+        return replicated_fallback("conv", op, op_call, values, like=(grad,))
     if not op.plan.splits:  # only non-op dims sharded: torch's kernel on local sizes
         g = grad.to_local()
         local_in = list(in_size)

@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
-from dt_core.kit import bind_positional
+from dt_core.dtensors import as_dtensor
+from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
 from . import spatial
 from .geometry import conv_split, expand
 from .plan import SpatialPlan, Splitter, plan_spatial
-from .wrap import as_dtensor
 
 aten = torch.ops.aten
 
@@ -106,7 +106,7 @@ def max_pool_with_indices(op_call: torch._ops.OpOverload, args: tuple, kwargs: d
     x, n = cast(DTensor, values[0]), 2 if "2d" in op_call.__name__ else 3  # schema: Tensor
     planned = _max_op(x, n, values)
     if isinstance(planned, str):
-        return spatial.fallback(op_call.__name__, planned, op_call, values, x)
+        return replicated_fallback("conv", planned, op_call, values, like=(x, x))
     op, pool_both = planned
     plan = op.plan
     with torch.no_grad():
@@ -156,7 +156,7 @@ def max_pool_with_indices_backward(
     n = 2 if "2d" in op_call.__name__ else 3
     planned = _max_op(x, n, [x, *values[2:7]])
     if isinstance(planned, str):
-        return spatial.fallback(op_call.__name__, planned, op_call, values, x)
+        return replicated_fallback("conv", planned, op_call, values, like=(x,))
     return spatial.backward(planned[0], grad_out, x, x.shape)
 
 
@@ -225,7 +225,7 @@ def avg_pool(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
     x, n = cast(DTensor, values[0]), 2 if "2d" in op_call.__name__ else 3  # schema: Tensor
     op = _avg_op(x, n, values)
     if isinstance(op, str):
-        return spatial.fallback(op_call.__name__, op, op_call, values, x)
+        return replicated_fallback("conv", op, op_call, values, like=(x,))
     return spatial.forward(op, x)
 
 
@@ -235,5 +235,5 @@ def avg_pool_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
     n = 2 if "2d" in op_call.__name__ else 3
     op = _avg_op(x, n, [x, *values[2:8]])
     if isinstance(op, str):
-        return spatial.fallback(op_call.__name__, op, op_call, values, x)
+        return replicated_fallback("conv", op, op_call, values, like=(x,))
     return spatial.backward(op, grad_out, None, x.shape)

@@ -14,13 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from dt_core.dtensors import as_dtensor
+from dt_core.kit import replicated, reshard_like
 from torch.distributed.tensor import DTensor, Replicate
 
 from .geometry import DimSplit, Transposed, expand
 from .halo import scatter_add_window
+from .partial_sums import summed
 from .plan import SpatialPlan, Splitter, plan_spatial
 from .spatial import gather_windows, window_shape
-from .wrap import as_dtensor, like_param, replicated_local, summed
 
 aten = torch.ops.aten
 
@@ -175,7 +177,7 @@ def forward(
     groups: int,
 ) -> DTensor:
     sp = plan.spatial
-    w, b = replicated_local(weight), replicated_local(bias)
+    w, b = replicated(weight), replicated(bias)
     with torch.no_grad():
         window = gather_windows(sp, x.to_local())
         shape = _owned_shape(plan, window)
@@ -200,7 +202,7 @@ def backward(
     sp = plan.spatial
     mesh = sp.mesh
     g = grad_out.redistribute(mesh, sp.placements).to_local()
-    w = replicated_local(weight)
+    w = replicated(weight)
     with torch.no_grad():
         xl = x.to_local()
         if mask[1]:
@@ -231,7 +233,7 @@ def backward(
             grad_input = as_dtensor(gi, mesh, sp.placements, x.shape)
         if mask[1]:
             gw = gw if gw is not None else w.new_zeros(w.shape)
-            grad_weight = like_param(summed(gw, mesh, plan.reduce_mesh_dims), mesh, weight)
+            grad_weight = reshard_like(summed(gw, mesh, plan.reduce_mesh_dims), mesh, weight)
         if mask[2]:
             dims = [d for d in range(g.ndim) if d != 1]
             gb = g.sum(dims) if g.numel() else g.new_zeros(g.shape[1])
