@@ -58,36 +58,26 @@ def dim_table(
     scale: float | None,
     dtype: torch.dtype,
 ) -> DimTable:
-    """torch's own source rows and weights for one dim, read off its 1-D kernel (run on
+    """torch's own source rows and weights for one dim, read off its 1-D kernel: a ramp
+    through nearest gives the source rows, an identity through linear the weights (run on
     real probe tensors even while tracing: the table is metadata, not graph)."""
-    with no_dispatch_modes():
-        return _probe_table(kind, size, out, align_corners, scale, dtype)
-
-
-def _probe_table(
-    kind: str,
-    size: int,
-    out: int,
-    align_corners: bool | None,
-    scale: float | None,
-    dtype: torch.dtype,
-) -> DimTable:
     probe_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    if kind != "linear":
-        ramp = torch.arange(size, dtype=probe_dtype).reshape(1, 1, size)
-        src = PROBES[kind](ramp, [out], scale).reshape(out).long().tolist()
-        ones = (1.0,) * out
-        return DimTable(tuple(src), tuple(src), ones, (0.0,) * out, False)
-    eye = torch.eye(size, dtype=probe_dtype).reshape(size, 1, size)
-    weights = PROBES["linear"](eye, [out], bool(align_corners), scale).reshape(size, out)
-    i0 = (weights != 0).to(torch.int8).argmax(0)
-    i1 = torch.clamp(i0 + 1, max=size - 1)
-    cols = torch.arange(out)
-    w0 = weights[i0, cols]
-    w1 = torch.where(i1 != i0, weights[i1, cols], torch.zeros_like(w0))
-    return DimTable(
-        tuple(i0.tolist()), tuple(i1.tolist()), tuple(w0.tolist()), tuple(w1.tolist()), True
-    )
+    with no_dispatch_modes():
+        if kind != "linear":
+            ramp = torch.arange(size, dtype=probe_dtype).reshape(1, 1, size)
+            src = PROBES[kind](ramp, [out], scale).reshape(out).long().tolist()
+            ones = (1.0,) * out
+            return DimTable(tuple(src), tuple(src), ones, (0.0,) * out, False)
+        eye = torch.eye(size, dtype=probe_dtype).reshape(size, 1, size)
+        weights = PROBES["linear"](eye, [out], bool(align_corners), scale).reshape(size, out)
+        i0 = (weights != 0).to(torch.int8).argmax(0)
+        i1 = torch.clamp(i0 + 1, max=size - 1)
+        cols = torch.arange(out)
+        w0 = weights[i0, cols]
+        w1 = torch.where(i1 != i0, weights[i1, cols], torch.zeros_like(w0))
+        return DimTable(
+            tuple(i0.tolist()), tuple(i1.tolist()), tuple(w0.tolist()), tuple(w1.tolist()), True
+        )
 
 
 def _rows_of(

@@ -55,6 +55,11 @@ class TransposedPlan:
         lo, _ = split.needed(rank)
         return o0 + self.padding[split.dim - 2] - lo * self.stride[split.dim - 2], o1 - o0
 
+    def local_conv_args(self, groups: int) -> tuple:
+        """`aten.convolution`'s arguments after the bias for this rank's transposed conv of
+        its window (padding 0 along sharded dims), which backward differentiates."""
+        return (self.stride, self.local_padding, self.dilation, True, self.local_out_pad, groups)
+
     @property
     def reduce_mesh_dims(self) -> tuple[int, ...]:
         split_dims = tuple(s.mesh_dim for s in self.spatial.splits)
@@ -101,20 +106,6 @@ def make_transposed_plan(
     if isinstance(spatial, str):
         return spatial
     return TransposedPlan(spatial, stride, padding, dilation, out_pad)
-
-
-def _local_conv(plan: TransposedPlan, window: torch.Tensor, w: torch.Tensor, groups: int):
-    return aten.convolution(
-        window,
-        w,
-        None,
-        plan.stride,
-        plan.local_padding,
-        plan.dilation,
-        True,
-        plan.local_out_pad,
-        groups,
-    )
 
 
 def _crop(plan: TransposedPlan, out: torch.Tensor) -> torch.Tensor:
@@ -184,7 +175,7 @@ def forward(
         if window.numel() == 0 or 0 in shape:
             out = window.new_zeros(shape)
         else:
-            out = _crop(plan, _local_conv(plan, window, w, groups))
+            out = _crop(plan, aten.convolution(window, w, None, *plan.local_conv_args(groups)))
         if b is not None:
             out = out + b.reshape(1, -1, *([1] * (out.ndim - 2)))
     return as_dtensor(out.contiguous(), sp.mesh, sp.placements, sp.out_shape)
@@ -212,18 +203,9 @@ def backward(
         gi = gw = None
         if window.numel() and g.numel() and (mask[0] or mask[1]):
             full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
+            wanted = [mask[0], mask[1], False]
             gi, gw, _ = aten.convolution_backward(
-                full,
-                window,
-                w,
-                None,
-                plan.stride,
-                plan.local_padding,
-                plan.dilation,
-                True,
-                plan.local_out_pad,
-                groups,
-                [mask[0], mask[1], False],
+                full, window, w, None, *plan.local_conv_args(groups), wanted
             )
         grad_input = grad_weight = grad_bias = None
         if mask[0]:
