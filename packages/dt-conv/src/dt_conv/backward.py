@@ -14,6 +14,7 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
+from .backward_overlap import overlapped_gradients
 from .channels import (
     ChannelLayout,
     bias_gradient,
@@ -23,7 +24,7 @@ from .channels import (
     local_weight,
     weight_gradient,
 )
-from .halo import PendingScatter, PendingWindow, scatter_add_window
+from .halo import scatter_add_window
 from .partial_sums import summed
 from .plan import ConvPlan, make_plan
 from .spatial import gather_windows, window_shape
@@ -69,7 +70,7 @@ def convolution_backward_handler(
             gw = w.new_zeros(w.shape) if mask[1] else None
             gb = g.sum([d for d in range(g.ndim) if d != 1]) if mask[2] else None
             gi = _home(plan, layout, gi)
-        elif len(plan.splits) == 1 and mask[0] and mask[1]:
+        elif plan.splits and mask[0] and mask[1]:
             gi, gw, gb = _overlapped_gradients(plan, layout, g, xl, w, bias_sizes, groups, mask)
         else:
             if mask[1]:
@@ -146,22 +147,17 @@ def _overlapped_gradients(
     groups: int,
     mask: list[bool],
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """One sharded dim, both gradients wanted: each exchange travels during a computation.
+    """Both gradients wanted: each exchange travels during a computation (`backward_overlap`)."""
 
-    The input's halo is in flight while grad_input is computed (which reads only the
-    input's shape); grad_input's halo is on its way home while grad_weight is computed
-    from the window that has arrived meanwhile.
-    """
-    split = plan.splits[0]
-    pending_input = PendingWindow(xl, split, plan.mesh, 0.0)
-    shape_only = xl.new_zeros(()).expand(window_shape(plan.spatial, xl.shape))
-    gi_window, _, _ = _local_backward(
-        plan, g, shape_only, w, bias_sizes, groups, [True, False, False]
-    )
-    gi = _wanted(gi_window)
-    if layout.kind == "out":
-        gi = summed(gi, plan.mesh, (layout.mesh_dim,))
-    pending_grad = PendingScatter(gi, split, plan.mesh)
-    window = pending_input.wait().full()
-    _, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, [False, True, mask[2]])
-    return pending_grad.finish(), gw, gb
+    def input_grad(shape_only: torch.Tensor) -> torch.Tensor:
+        gi, _, _ = _local_backward(plan, g, shape_only, w, bias_sizes, groups, [True, False, False])
+        if layout.kind == "out":  # every rank's filters contributed to the input gradient
+            return summed(_wanted(gi), plan.mesh, (layout.mesh_dim,))
+        return _wanted(gi)
+
+    def weight_grads(window: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        _, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, [False, True, mask[2]])
+        return gw, gb
+
+    gi, (gw, gb) = overlapped_gradients(plan.spatial, xl, input_grad, weight_grads)
+    return gi, gw, gb

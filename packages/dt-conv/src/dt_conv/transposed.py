@@ -18,6 +18,7 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import replicated, reshard_like
 from torch.distributed.tensor import DTensor, Replicate
 
+from .backward_overlap import overlapped_gradients
 from .geometry import DimSplit, Transposed, expand
 from .halo import scatter_add_window
 from .partial_sums import summed
@@ -196,22 +197,33 @@ def backward(
     w = replicated(weight)
     with torch.no_grad():
         xl = x.to_local()
-        if mask[1]:
-            window = gather_windows(sp, xl)
-        else:  # grad_input reads only the input's shape
-            window = xl.new_zeros(window_shape(sp, xl.shape))
-        gi = gw = None
-        if window.numel() and g.numel() and (mask[0] or mask[1]):
-            full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
-            wanted = [mask[0], mask[1], False]
-            gi, gw, _ = aten.convolution_backward(
-                full, window, w, None, *plan.local_conv_args(groups), wanted
+        wshape = window_shape(sp, xl.shape)
+        gi: torch.Tensor | None = None
+        gw: torch.Tensor | None = None
+        if sp.splits and mask[0] and mask[1] and 0 not in wshape and g.numel():
+            gi, gw = overlapped_gradients(
+                sp,
+                xl,
+                lambda window: _local_gradient(plan, g, window, w, groups, 0),
+                lambda window: _local_gradient(plan, g, window, w, groups, 1),
             )
+        else:
+            if mask[1]:
+                window = gather_windows(sp, xl)
+            else:  # grad_input reads only the input's shape
+                window = xl.new_zeros(wshape)
+            if window.numel() and g.numel() and (mask[0] or mask[1]):
+                full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
+                wanted = [mask[0], mask[1], False]
+                gi, gw, _ = aten.convolution_backward(
+                    full, window, w, None, *plan.local_conv_args(groups), wanted
+                )
+            if mask[0]:
+                gi = gi if gi is not None else window.new_zeros(window.shape)
+                for split in reversed(sp.splits):
+                    gi = scatter_add_window(gi, split, mesh)
         grad_input = grad_weight = grad_bias = None
-        if mask[0]:
-            gi = gi if gi is not None else window.new_zeros(window.shape)
-            for split in reversed(sp.splits):
-                gi = scatter_add_window(gi, split, mesh)
+        if mask[0] and gi is not None:
             grad_input = as_dtensor(gi, mesh, sp.placements, x.shape)
         if mask[1]:
             gw = gw if gw is not None else w.new_zeros(w.shape)
@@ -222,3 +234,19 @@ def backward(
             full_b = summed(gb, mesh, plan.reduce_mesh_dims)
             grad_bias = as_dtensor(full_b, mesh, [Replicate()] * mesh.ndim, full_b.shape)
     return grad_input, grad_weight, grad_bias
+
+
+def _local_gradient(
+    plan: TransposedPlan,
+    g: torch.Tensor,
+    window: torch.Tensor,
+    w: torch.Tensor,
+    groups: int,
+    which: int,
+) -> torch.Tensor:
+    """The input (0) or weight (1) gradient of this rank's transposed conv of `window`;
+    the input gradient reads only the window's shape."""
+    full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
+    wanted = [which == 0, which == 1, False]
+    grads = aten.convolution_backward(full, window, w, None, *plan.local_conv_args(groups), wanted)
+    return grads[which]
