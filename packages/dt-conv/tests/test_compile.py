@@ -8,6 +8,7 @@ kind; float64, forward and gradients of the input and every parameter.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -152,9 +153,16 @@ def test_inductor_compiles_the_sharded_ops() -> None:
     torch.set_num_threads(1)
     mesh = cpu_mesh(2)
     params = [_randn(4, 3, 3, 3, seed=1), _randn(4, 4, 3, 3, seed=2), _randn(2, 4, 3, 3, seed=3)]
-    compare(small_net, mesh, _randn(2, 3, 12, 10), [Shard(2)], params, backend="inductor")
+    x = _randn(2, 3, 12, 10)
+    lines = _inductor_lines(compare, small_net, mesh, x, [Shard(2)], params)
+    # each conv's weight gradient is computed while its input gradient's halo travels home
+    assert len(_during_exchange(lines, BACKWARD_CALL)) >= 3, "\n".join(lines)
     ops_params = [_randn(3, 2, 3, 3, seed=4), _randn(3, 2, 4, 4, seed=5)]
-    compare(window_ops_2d, mesh, _randn(1, 2, 11, 9), [Shard(3)], ops_params, backend="inductor")
+    lines = _inductor_lines(
+        compare, window_ops_2d, mesh, _randn(1, 2, 11, 9), [Shard(3)], ops_params
+    )
+    transposed = [ln for ln in _during_exchange(lines, BACKWARD_CALL) if ", True, (" in ln]
+    assert transposed, "\n".join(lines)  # the transposed conv's backward overlaps too
 
 
 @pytest.mark.ranks(4, timeout=900)
@@ -168,7 +176,13 @@ def test_2x2_mesh_compiles_fullgraph() -> None:
     x = _randn(1, 3, 13, 10)
     for placements in ([Shard(2), Shard(3)], [Shard(2), Replicate()], [Replicate(), Shard(3)]):
         compare(small_net, mesh, x, placements, params)
-    compare(small_net, mesh, x, [Shard(2), Shard(3)], params, backend="inductor")
+    lines = _inductor_lines(compare, small_net, mesh, x, [Shard(2), Shard(3)], params)
+    # two sharded dims: the interior conv runs during the first dim's exchange (forward:
+    # the first layer's; after pooling, some ranks' shards are too thin to have an
+    # interior), the weight gradient during the last dim's exchange home (backward, every
+    # layer on every rank)
+    assert _during_exchange(lines, "= extern_kernels.convolution("), "\n".join(lines)
+    assert len(_during_exchange(lines, BACKWARD_CALL)) >= 3, "\n".join(lines)
     ops_params = [_randn(3, 2, 3, 3, seed=4), _randn(3, 2, 4, 4, seed=5)]
     compare(window_ops_2d, mesh, _randn(1, 2, 11, 9), [Shard(3), Shard(2)], ops_params)
 
@@ -180,6 +194,34 @@ def _code_lines(codes: list[str]) -> list[str]:
 
 def _first(lines: list[str], text: str, after: int = -1) -> int:
     return next(i for i, ln in enumerate(lines) if i > after and text in ln)
+
+
+BACKWARD_CALL = "= torch.ops.aten.convolution_backward.default("
+_START = re.compile(r"\s*(\w+) = torch\.ops\._c10d_functional\.all_to_all_single\.default\(")
+_WAIT = re.compile(r"_c10d_functional\.wait_tensor\.default\((\w+)\)")
+
+
+def _inductor_lines(check: Callable[..., None], *args: Any) -> list[str]:
+    """Inductor's code (forward and backward) for `check(*args, backend="inductor")`."""
+    from dt_core.compat.tracing import inductor_code
+
+    _, codes = inductor_code(lambda: check(*args, backend="inductor"))
+    return _code_lines(codes)
+
+
+def _during_exchange(lines: list[str], call: str) -> list[str]:
+    """The lines calling `call` while a halo all-to-all is in flight (started, not
+    yet waited for) in Inductor's code."""
+    in_flight: set[str] = set()
+    found = []
+    for ln in lines:
+        if start := _START.match(ln):
+            in_flight.add(start.group(1))
+        elif wait := _WAIT.search(ln):
+            in_flight.discard(wait.group(1))
+        elif call in ln and in_flight:
+            found.append(ln)
+    return found
 
 
 @pytest.mark.ranks(2, timeout=900)

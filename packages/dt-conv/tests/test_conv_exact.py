@@ -7,6 +7,7 @@ all three gradients are compared in float64 against plain torch on the full tens
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dt_core.testing import cpu_mesh
+from dt_core.testing.cases import expect_exact
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -80,14 +82,7 @@ def check(
 
 def run_cases(mesh: Any, cases: list[tuple]) -> None:
     """Check every case; all of them must take the sharded (non-fallback) path."""
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        failures = [f for c in cases if (f := check(mesh, *c[:4], **c[4])) is not None]
-    fell_back = sorted({str(w.message) for w in caught if "dt-conv" in str(w.message)})
-    assert not fell_back, fell_back
-    assert not failures, f"{len(failures)}/{len(cases)} cases wrong:\n" + "\n".join(failures)
+    expect_exact("conv", (functools.partial(check, mesh, *c[:4], **c[4]) for c in cases))
 
 
 @pytest.mark.ranks(2)
@@ -238,6 +233,20 @@ def test_unsupported_layouts_fall_back_exactly_and_warn_once() -> None:
         y = F.conv_transpose2d(xd, wd, padding=1)
     assert torch.allclose(y.full_tensor(), F.conv_transpose2d(x, w, padding=1))
     assert any("transposed" in str(c.message) for c in caught)
+
+    # a plain input with DTensor parameters: a replicated DTensor out, and the input's
+    # gradient plain (a plain op upstream gets it), both equal to one process's
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    F.conv2d(xr * 2, wr.transpose(0, 1), padding=1).square().sum().backward()
+    xp = x.clone().requires_grad_()
+    wd = distribute_tensor(w, mesh, [Replicate()]).requires_grad_()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        y = F.conv2d(xp * 2, wd.transpose(0, 1), padding=1)
+        assert y.placements == (Replicate(),)
+        y.square().sum().backward()
+    assert type(xp.grad) is torch.Tensor and torch.allclose(xp.grad, xr.grad)
+    assert torch.allclose(wd.grad.full_tensor(), wr.grad)
 
 
 @pytest.mark.ranks(2)

@@ -15,11 +15,16 @@ def test_entry_point_names_the_plugin_module() -> None:
 @pytest.mark.ranks(2)
 def test_handlers_are_installed_by_autoload() -> None:
     import torch
+    from dt_conv.handled_ops import HANDLED
+    from dt_conv.handlers import HANDLERS
     from torch.distributed.tensor import DTensor
 
-    handlers = DTensor._op_dispatcher._custom_op_handlers
-    for op in (torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default):
-        assert handlers[op].__module__ == "dt_conv.plugin"
+    assert len(set(HANDLED)) == len(HANDLED) == 41
+    assert set(HANDLERS) == set(HANDLED)  # every op installed has its function, and only those
+    installed = DTensor._op_dispatcher._custom_op_handlers
+    for name in HANDLED:
+        assert installed[getattr(torch.ops.aten, name).default].__module__ == "dt_conv.plugin"
+    assert HANDLERS["max_pool3d_with_indices_backward"].__name__ == "max_pool_with_indices_backward"
 
 
 def _circular_by_hand(t, left: int, right: int):  # type: ignore[no-untyped-def]

@@ -6,8 +6,8 @@ must keep the input's sharding (nothing gathered) and no case may fall back.
 
 from __future__ import annotations
 
+import functools
 import itertools
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dt_core.testing import cpu_mesh
+from dt_core.testing.cases import expect_exact
 
 Op = Callable[[torch.Tensor], Any]
 
@@ -53,18 +54,14 @@ def check(
 
 
 def run_cases(mesh: Any, cases: list[tuple]) -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        failures = [f for c in cases if (f := check(mesh, *c)) is not None]
-    fell_back = sorted({str(w.message) for w in caught if "dt-conv" in str(w.message)})
-    assert not fell_back, fell_back
-    assert not failures, f"{len(failures)}/{len(cases)} cases wrong:\n" + "\n".join(failures)
+    """Check every case; all of them must take the sharded (non-fallback) path."""
+    expect_exact("conv", (functools.partial(check, mesh, *c) for c in cases))
 
 
-def pad_cases(shapes: list[tuple], placements: list) -> list[tuple]:
+def pad_cases(shape: tuple, placements: list) -> list[tuple]:
+    n = len(shape) - 2
     cases = []
-    for shape, pl in itertools.product(shapes, placements):
-        n = len(shape) - 2
+    for pl in placements:
         for mode, pads in itertools.product(
             ("constant", "reflect", "replicate", "circular"), ((1, 2), (0, 3), (2, 0), (3, 1))
         ):
@@ -74,27 +71,6 @@ def pad_cases(shapes: list[tuple], placements: list) -> list[tuple]:
         crop = [-1, 2] * n
         cases.append((pl, shape, lambda t, c=crop: F.pad(t, c, value=1.5), f"pad crop {crop}"))
     return cases
-
-
-@pytest.mark.ranks(2)
-def test_pad_modes_on_2_ranks() -> None:
-    from torch.distributed.tensor import Shard
-
-    mesh = cpu_mesh(2)
-    cases = pad_cases([(2, 3, 9), (1, 2, 5)], [[Shard(2)]])
-    cases += pad_cases([(2, 2, 7, 6), (1, 2, 4, 5)], [[Shard(2)], [Shard(3)], [Shard(0)]])
-    cases += pad_cases([(1, 2, 5, 4, 6)], [[Shard(2)], [Shard(4)]])
-    run_cases(mesh, cases)
-
-
-@pytest.mark.ranks(4)
-def test_pad_modes_thin_shards_and_2x2_mesh() -> None:
-    from torch.distributed.tensor import Shard
-
-    cases = pad_cases([(1, 2, 5, 6), (2, 1, 7, 4)], [[Shard(2)], [Shard(3)]])
-    run_cases(cpu_mesh(4), cases)
-    cases = pad_cases([(2, 2, 7, 6)], [[Shard(2), Shard(3)], [Shard(3), Shard(0)]])
-    run_cases(cpu_mesh((2, 2)), cases)
 
 
 def pool_cases(shape: tuple, placements: list) -> list[tuple]:
@@ -127,25 +103,6 @@ def pool_cases(shape: tuple, placements: list) -> list[tuple]:
     return cases
 
 
-@pytest.mark.ranks(2)
-def test_pooling_on_2_ranks() -> None:
-    from torch.distributed.tensor import Shard
-
-    mesh = cpu_mesh(2)
-    cases = pool_cases((2, 2, 11), [[Shard(2)]])
-    cases += pool_cases((1, 2, 9, 8), [[Shard(2)], [Shard(3)], [Shard(1)]])
-    cases += pool_cases((1, 1, 7, 5, 6), [[Shard(3)]])
-    run_cases(mesh, cases)
-
-
-@pytest.mark.ranks(4)
-def test_pooling_thin_shards_and_2x2_mesh() -> None:
-    from torch.distributed.tensor import Shard
-
-    run_cases(cpu_mesh(4), pool_cases((1, 2, 7, 6), [[Shard(2)]]))
-    run_cases(cpu_mesh((2, 2)), pool_cases((2, 1, 9, 7), [[Shard(2), Shard(3)]]))
-
-
 def interp_cases(shape: tuple, placements: list) -> list[tuple]:
     n = len(shape) - 2
     linear = {1: "linear", 2: "bilinear", 3: "trilinear"}[n]
@@ -165,23 +122,54 @@ def interp_cases(shape: tuple, placements: list) -> list[tuple]:
     return cases
 
 
-@pytest.mark.ranks(2)
-def test_interpolate_on_2_ranks() -> None:
+FAMILIES = {"pad": pad_cases, "pooling": pool_cases, "interpolate": interp_cases}
+
+# per family: (input shape, the shard dim of each 1-D layout tried) on 2 ranks
+ON_2_RANKS: dict[str, list[tuple[tuple, list[int]]]] = {
+    "pad": [
+        ((2, 3, 9), [2]),
+        ((1, 2, 5), [2]),
+        ((2, 2, 7, 6), [2, 3, 0]),
+        ((1, 2, 4, 5), [2, 3, 0]),
+        ((1, 2, 5, 4, 6), [2, 4]),
+    ],
+    "pooling": [((2, 2, 11), [2]), ((1, 2, 9, 8), [2, 3, 1]), ((1, 1, 7, 5, 6), [3])],
+    "interpolate": [((2, 2, 9), [2]), ((1, 2, 7, 6), [2, 3, 0]), ((1, 1, 5, 4, 6), [4])],
+}
+# per family: (mesh, input shape, layouts as the shard dim per mesh dim) on 4 ranks: thin
+# shards (one or two rows each) and the 2x2 mesh
+ON_4_RANKS: dict[str, list[tuple[Any, tuple, list[tuple[int, ...]]]]] = {
+    "pad": [
+        (4, (1, 2, 5, 6), [(2,), (3,)]),
+        (4, (2, 1, 7, 4), [(2,), (3,)]),
+        ((2, 2), (2, 2, 7, 6), [(2, 3), (3, 0)]),
+    ],
+    "pooling": [(4, (1, 2, 7, 6), [(2,)]), ((2, 2), (2, 1, 9, 7), [(2, 3)])],
+    "interpolate": [(4, (1, 2, 6, 5), [(2,), (3,)]), ((2, 2), (2, 1, 7, 6), [(3, 2)])],
+}
+
+
+def family_cases(family: str, shape: tuple, layouts: list[tuple[int, ...]]) -> list[tuple]:
+    """The family's cases on `shape` for each layout (a shard dim per mesh dim)."""
     from torch.distributed.tensor import Shard
 
-    mesh = cpu_mesh(2)
-    cases = interp_cases((2, 2, 9), [[Shard(2)]])
-    cases += interp_cases((1, 2, 7, 6), [[Shard(2)], [Shard(3)], [Shard(0)]])
-    cases += interp_cases((1, 1, 5, 4, 6), [[Shard(4)]])
-    run_cases(mesh, cases)
+    return FAMILIES[family](shape, [[Shard(d) for d in layout] for layout in layouts])
+
+
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_window_ops_on_2_ranks(family: str) -> None:
+    cases = []
+    for shape, dims in ON_2_RANKS[family]:
+        cases += family_cases(family, shape, [(d,) for d in dims])
+    run_cases(cpu_mesh(2), cases)
 
 
 @pytest.mark.ranks(4)
-def test_interpolate_thin_shards_and_2x2_mesh() -> None:
-    from torch.distributed.tensor import Shard
-
-    run_cases(cpu_mesh(4), interp_cases((1, 2, 6, 5), [[Shard(2)], [Shard(3)]]))
-    run_cases(cpu_mesh((2, 2)), interp_cases((2, 1, 7, 6), [[Shard(3), Shard(2)]]))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_window_ops_thin_shards_and_2x2_mesh(family: str) -> None:
+    for mesh_shape, shape, layouts in ON_4_RANKS[family]:
+        run_cases(cpu_mesh(mesh_shape), family_cases(family, shape, layouts))
 
 
 @pytest.mark.ranks(2)

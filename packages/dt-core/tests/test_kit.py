@@ -22,6 +22,7 @@ from dt_core.kit import (
     registered_settings,
     replicated_fallback,
     reset_stats,
+    reshard_like,
     stats,
     warn_fallback,
 )
@@ -206,6 +207,47 @@ def test_replicated_fallback_is_exact_and_keeps_layouts() -> None:
     out = replicated_fallback("kit", "test", torch.ops.aten.neg.default, (da,), like=[fake_partial])
     assert out.placements == (Replicate(),)
     assert torch.equal(out.full_tensor(), -a)
+
+
+@pytest.mark.ranks(2)
+def test_reshard_like_keeps_strided_shards_plain_tensors_and_fitting_shards() -> None:
+    """Each layout `reshard_like` gives a full value holds exactly that value's rows, as
+    read off the value on one process (rank r of 2 owns chunk r of each split)."""
+    import torch.distributed as dist
+    from dt_core.compat.fsdp import strided_shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    mesh, rank = cpu_mesh(2), dist.get_rank()
+    full = torch.randn(8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+
+    # FSDP's strided shard over a dim split in 2 first: each rank holds its quarter of
+    # either half (rows 0-1 and 4-5 on rank 0, rows 2-3 and 6-7 on rank 1)
+    strided = [strided_shard(0, 2)]
+    like = distribute_tensor(torch.zeros(8, 6), mesh, [Replicate()]).redistribute(mesh, strided)
+    out = reshard_like(full, mesh, like)
+    assert tuple(out.placements) == tuple(strided)
+    assert torch.equal(
+        out.to_local(),
+        torch.cat([full[2 * rank : 2 * rank + 2], full[4 + 2 * rank : 6 + 2 * rank]]),
+    )
+    assert torch.equal(out.full_tensor(), full)
+
+    # a plain model: the full value itself (a plain tensor's gradient); none: replicated
+    assert reshard_like(full, mesh, torch.zeros(1)) is full
+    replicated_out = reshard_like(full, mesh, None)
+    assert isinstance(replicated_out, DTensor) and replicated_out.placements == (Replicate(),)
+    assert torch.equal(replicated_out.to_local(), full)
+
+    # another rank than the model: its shards where the result has their dim, else replicated
+    wide = distribute_tensor(torch.zeros(8, 6, 3), mesh, [Shard(1)])
+    out = reshard_like(full, mesh, wide)
+    assert out.placements == (Shard(1),) and torch.equal(
+        out.to_local(), full[:, 3 * rank : 3 * rank + 3]
+    )
+    deep = distribute_tensor(torch.zeros(8, 6, 3), mesh, [Shard(2)])
+    out = reshard_like(full, mesh, deep)
+    assert out.placements == (Replicate(),) and torch.equal(out.to_local(), full)
+    assert reshard_like(None, mesh, deep) is None and reshard_like(3, mesh, deep) == 3
 
 
 def test_stats_run_sums_counters_over_processes() -> None:

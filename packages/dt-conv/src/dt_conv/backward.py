@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import cast
 
 import torch
-from dt_core.kit import bind_positional, replicated, warn_fallback
-from torch.distributed.tensor import DTensor, Replicate
+from dt_core.dtensors import as_dtensor
+from dt_core.kit import bind_positional, replicated_fallback
+from torch.distributed.tensor import DTensor
 
+from .backward_overlap import overlapped_gradients
 from .channels import (
     ChannelLayout,
     bias_gradient,
@@ -22,11 +24,10 @@ from .channels import (
     local_weight,
     weight_gradient,
 )
-from .fallback import target_placements
-from .halo import PendingScatter, PendingWindow, scatter_add_window
+from .halo import scatter_add_window
+from .partial_sums import summed
 from .plan import ConvPlan, make_plan
 from .spatial import gather_windows, window_shape
-from .wrap import as_dtensor, like_param, summed
 
 aten = torch.ops.aten
 
@@ -42,35 +43,19 @@ def convolution_backward_handler(
     stride, padding, dilation = (cast(list[int], v) for v in values[4:7])
     transposed, out_pad = cast(bool, values[7]), cast(list[int], values[8])
     groups, mask = cast(int, values[9]), cast(list[bool], values[10])
-    rest = [stride, padding, dilation, transposed, out_pad, groups, mask]  # for the fallback
     if transposed:
         from . import transposed as tr
 
         tplan = tr.make_transposed_plan(x, weight.shape, stride, padding, dilation, out_pad, groups)
         if not isinstance(tplan, str):
             return tr.backward(tplan, grad_out, x, weight, bias_sizes, groups, mask)
-        warn_fallback("conv", "convolution_backward", f"transposed convolution: {tplan}")
-        return _fallback(
-            op_call,
-            grad_out,
-            x,
-            weight,
-            bias_sizes,
-            rest,
-        )
+        reason = f"transposed convolution: {tplan}"
+        return replicated_fallback("conv", reason, op_call, args, kwargs, like=(x, weight))
     layout = channel_layout(x, weight, None, groups)
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
         if isinstance(plan, str):
-            warn_fallback("conv", "convolution_backward", plan)
-            return _fallback(
-                op_call,
-                grad_out,
-                x,
-                weight,
-                bias_sizes,
-                rest,
-            )
+            return replicated_fallback("conv", plan, op_call, args, kwargs, like=(x, weight))
         mesh = plan.mesh
         g_placements = grad_output_placements(layout, plan.placements)
         g = grad_out.redistribute(mesh, g_placements).to_local()
@@ -85,7 +70,7 @@ def convolution_backward_handler(
             gw = w.new_zeros(w.shape) if mask[1] else None
             gb = g.sum([d for d in range(g.ndim) if d != 1]) if mask[2] else None
             gi = _home(plan, layout, gi)
-        elif len(plan.splits) == 1 and mask[0] and mask[1]:
+        elif plan.splits and mask[0] and mask[1]:
             gi, gw, gb = _overlapped_gradients(plan, layout, g, xl, w, bias_sizes, groups, mask)
         else:
             if mask[1]:
@@ -162,45 +147,17 @@ def _overlapped_gradients(
     groups: int,
     mask: list[bool],
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """One sharded dim, both gradients wanted: each exchange travels during a computation.
+    """Both gradients wanted: each exchange travels during a computation (`backward_overlap`)."""
 
-    The input's halo is in flight while grad_input is computed (which reads only the
-    input's shape); grad_input's halo is on its way home while grad_weight is computed
-    from the window that has arrived meanwhile.
-    """
-    split = plan.splits[0]
-    pending_input = PendingWindow(xl, split, plan.mesh, 0.0)
-    shape_only = xl.new_zeros(()).expand(window_shape(plan.spatial, xl.shape))
-    gi_window, _, _ = _local_backward(
-        plan, g, shape_only, w, bias_sizes, groups, [True, False, False]
-    )
-    gi = _wanted(gi_window)
-    if layout.kind == "out":
-        gi = summed(gi, plan.mesh, (layout.mesh_dim,))
-    pending_grad = PendingScatter(gi, split, plan.mesh)
-    window = pending_input.wait().full()
-    _, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, [False, True, mask[2]])
-    return pending_grad.finish(), gw, gb
+    def input_grad(shape_only: torch.Tensor) -> torch.Tensor:
+        gi, _, _ = _local_backward(plan, g, shape_only, w, bias_sizes, groups, [True, False, False])
+        if layout.kind == "out":  # every rank's filters contributed to the input gradient
+            return summed(_wanted(gi), plan.mesh, (layout.mesh_dim,))
+        return _wanted(gi)
 
+    def weight_grads(window: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        _, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, [False, True, mask[2]])
+        return gw, gb
 
-def _fallback(
-    op_call: torch._ops.OpOverload,
-    grad_out: object,
-    x: object,
-    weight: object,
-    bias_sizes: object,
-    rest: list,
-) -> object:
-    mesh = next(t for t in (grad_out, x, weight) if isinstance(t, DTensor)).device_mesh
-    local = [replicated(t) for t in (grad_out, x, weight)]
-    gi, gw, gb = op_call(*local, bias_sizes, *rest)
-    rep = [Replicate()] * mesh.ndim
-    if gi is not None:
-        gi = as_dtensor(gi, mesh, rep, gi.shape)
-        if isinstance(x, DTensor) and x.device_mesh == mesh:
-            gi = gi.redistribute(mesh, target_placements(tuple(x.placements)))
-    if gw is not None:
-        gw = like_param(gw, mesh, weight)
-    if gb is not None:
-        gb = as_dtensor(gb, mesh, rep, gb.shape)
+    gi, (gw, gb) = overlapped_gradients(plan.spatial, xl, input_grad, weight_grads)
     return gi, gw, gb

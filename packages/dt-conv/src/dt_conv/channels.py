@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from dt_core.dtensors import as_dtensor
+from dt_core.kit import replicated, reshard_like
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from .geometry import chunk_range
-from .wrap import as_dtensor, like_param, replicated_local
 
 
 @dataclass(frozen=True)
@@ -127,15 +128,15 @@ def local_weight(layout: ChannelLayout, weight: Any, x: DTensor) -> torch.Tensor
     if layout.kind in ("out", "group"):
         if isinstance(weight, DTensor) and isinstance(weight.placements[layout.mesh_dim], Shard):
             return weight.to_local()
-        return _own_filters(replicated_local(weight), x, layout)
+        return _own_filters(replicated(weight), x, layout)
     if layout.kind == "in":
         if isinstance(weight, DTensor) and isinstance(weight.placements[layout.mesh_dim], Shard):
             return weight.to_local()
-        full = replicated_local(weight)
+        full = replicated(weight)
         mesh = x.device_mesh
         lo, hi = chunk_range(full.shape[1], mesh.size(layout.mesh_dim), _coord(x, layout))
         return full[:, lo:hi]
-    return replicated_local(weight)
+    return replicated(weight)
 
 
 def local_bias(layout: ChannelLayout, bias: Any, weight: Any, x: DTensor) -> torch.Tensor | None:
@@ -143,10 +144,10 @@ def local_bias(layout: ChannelLayout, bias: Any, weight: Any, x: DTensor) -> tor
     if bias is None:
         return None
     if layout.kind in ("out", "group"):
-        return _own_filters(replicated_local(bias), x, layout)
+        return _own_filters(replicated(bias), x, layout)
     if layout.kind == "in" and _coord(x, layout) != 0:
         return None
-    return replicated_local(bias)
+    return replicated(bias)
 
 
 def _own_filters(full: torch.Tensor, x: DTensor, layout: ChannelLayout) -> torch.Tensor:
@@ -180,7 +181,7 @@ def weight_gradient(
     """The weight gradient (already summed over the other mesh dims) shaped like the weight."""
     mesh = x.device_mesh
     if layout.kind == "none":
-        return like_param(gw, mesh, weight)
+        return reshard_like(gw, mesh, weight)
     dim = 1 if layout.kind == "in" else 0
     return _from_chunks(gw, dim, weight.shape, weight, layout, x)
 

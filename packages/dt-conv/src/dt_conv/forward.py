@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-from dt_core.kit import bind_positional, replicated, warn_fallback
-from torch.distributed.tensor import DTensor, Replicate
+from dt_core.dtensors import as_dtensor
+from dt_core.kit import bind_positional, replicated_fallback
+from torch.distributed.tensor import DTensor
 
 from .channels import (
     channel_layout,
@@ -18,12 +19,10 @@ from .channels import (
     local_weight,
     output_placements,
 )
-from .fallback import target_placements
 from .geometry import Affine
 from .halo import PendingWindow, gather_window
 from .plan import ConvPlan, make_plan
 from .spatial import gather_windows
-from .wrap import as_dtensor, replicated_local
 
 aten = torch.ops.aten
 
@@ -46,21 +45,18 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
     stride, padding, dilation = (cast(list[int], v) for v in values[3:6])
     transposed, out_pad = cast(bool, values[6]), cast(list[int], values[7])
     groups = cast(int, values[8])
-    rest = [stride, padding, dilation, transposed, out_pad, groups]  # for the fallback
     if transposed:
         from . import transposed as tr
 
         tplan = tr.make_transposed_plan(x, weight.shape, stride, padding, dilation, out_pad, groups)
         if not isinstance(tplan, str):
             return tr.forward(tplan, x, weight, bias, groups)
-        warn_fallback("conv", "convolution", f"transposed convolution: {tplan}")
-        return _fallback(op_call, x, weight, bias, rest)
+        return _fallback(f"transposed convolution: {tplan}", op_call, args, kwargs, x)
     layout = channel_layout(x, weight, bias, groups)
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
         if isinstance(plan, str):
-            warn_fallback("conv", "convolution", plan)
-            return _fallback(op_call, x, weight, bias, rest)
+            return _fallback(plan, op_call, args, kwargs, x)
         w, b = local_weight(layout, weight, x), local_bias(layout, bias, weight, x)
         placements = output_placements(layout, plan.placements)
         groups = local_groups(layout, groups)
@@ -225,17 +221,9 @@ def _block(out: torch.Tensor, rows: list[_Rows], region: list[tuple[int, int]]) 
 
 
 def _fallback(
-    op_call: torch._ops.OpOverload,
-    x: object,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    rest: list,
+    reason: str, op_call: torch._ops.OpOverload, args: tuple, kwargs: dict, x: object
 ) -> object:
-    dtensors = [t for t in (x, weight, bias) if isinstance(t, DTensor)]
-    mesh = dtensors[0].device_mesh
-    xl = replicated(x)
-    out = op_call(xl, replicated_local(weight), replicated_local(bias), *rest)
-    full = as_dtensor(out, mesh, [Replicate()] * mesh.ndim, out.shape)
-    if not isinstance(x, DTensor) or x.device_mesh != mesh:
-        return full
-    return full.redistribute(mesh, target_placements(tuple(x.placements)))
+    """The convolution on replicated inputs (exact), laid out like its input; a replicated
+    DTensor where the input is plain (the output of an op on DTensor parameters)."""
+    like = x if isinstance(x, DTensor) else None
+    return replicated_fallback("conv", reason, op_call, args, kwargs, like=(like,))

@@ -16,7 +16,7 @@ from typing import cast
 
 import torch
 from dt_core.compat.tracing import no_dispatch_modes
-from dt_core.kit import bind_positional
+from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
 from . import spatial
@@ -58,36 +58,26 @@ def dim_table(
     scale: float | None,
     dtype: torch.dtype,
 ) -> DimTable:
-    """torch's own source rows and weights for one dim, read off its 1-D kernel (run on
+    """torch's own source rows and weights for one dim, read off its 1-D kernel: a ramp
+    through nearest gives the source rows, an identity through linear the weights (run on
     real probe tensors even while tracing: the table is metadata, not graph)."""
-    with no_dispatch_modes():
-        return _probe_table(kind, size, out, align_corners, scale, dtype)
-
-
-def _probe_table(
-    kind: str,
-    size: int,
-    out: int,
-    align_corners: bool | None,
-    scale: float | None,
-    dtype: torch.dtype,
-) -> DimTable:
     probe_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    if kind != "linear":
-        ramp = torch.arange(size, dtype=probe_dtype).reshape(1, 1, size)
-        src = PROBES[kind](ramp, [out], scale).reshape(out).long().tolist()
-        ones = (1.0,) * out
-        return DimTable(tuple(src), tuple(src), ones, (0.0,) * out, False)
-    eye = torch.eye(size, dtype=probe_dtype).reshape(size, 1, size)
-    weights = PROBES["linear"](eye, [out], bool(align_corners), scale).reshape(size, out)
-    i0 = (weights != 0).to(torch.int8).argmax(0)
-    i1 = torch.clamp(i0 + 1, max=size - 1)
-    cols = torch.arange(out)
-    w0 = weights[i0, cols]
-    w1 = torch.where(i1 != i0, weights[i1, cols], torch.zeros_like(w0))
-    return DimTable(
-        tuple(i0.tolist()), tuple(i1.tolist()), tuple(w0.tolist()), tuple(w1.tolist()), True
-    )
+    with no_dispatch_modes():
+        if kind != "linear":
+            ramp = torch.arange(size, dtype=probe_dtype).reshape(1, 1, size)
+            src = PROBES[kind](ramp, [out], scale).reshape(out).long().tolist()
+            ones = (1.0,) * out
+            return DimTable(tuple(src), tuple(src), ones, (0.0,) * out, False)
+        eye = torch.eye(size, dtype=probe_dtype).reshape(size, 1, size)
+        weights = PROBES["linear"](eye, [out], bool(align_corners), scale).reshape(size, out)
+        i0 = (weights != 0).to(torch.int8).argmax(0)
+        i1 = torch.clamp(i0 + 1, max=size - 1)
+        cols = torch.arange(out)
+        w0 = weights[i0, cols]
+        w1 = torch.where(i1 != i0, weights[i1, cols], torch.zeros_like(w0))
+        return DimTable(
+            tuple(i0.tolist()), tuple(i1.tolist()), tuple(w0.tolist()), tuple(w1.tolist()), True
+        )
 
 
 def _rows_of(
@@ -209,7 +199,7 @@ def upsample(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
     out_size, _, align, scales = _split_args(name, values, backward=False)
     op = _window_op(x, name, x.shape, out_size, align, scales)
     if isinstance(op, str):
-        return spatial.fallback(name, op, op_call, values, x)
+        return replicated_fallback("conv", op, op_call, values, like=(x,))
     if not op.plan.splits:  # nothing sharded along the op's dims: torch's own kernel
         local = op_call(x.to_local(), *values[1:])
         return spatial.as_dtensor(local, op.plan.mesh, op.plan.placements, op.plan.out_shape)
@@ -222,7 +212,7 @@ def upsample_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
     out_size, in_size, align, scales = _split_args(name, values, backward=True)
     op = _window_op(grad, name, in_size, out_size, align, scales)
     if isinstance(op, str):
-        return spatial.fallback(name, op, op_call, values, grad)
+        return replicated_fallback("conv", op, op_call, values, like=(grad,))
     if not op.plan.splits:  # only non-op dims sharded: torch's kernel on local sizes
         g = grad.to_local()
         local_in = list(in_size)

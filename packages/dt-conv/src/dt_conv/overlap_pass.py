@@ -4,8 +4,10 @@ dt-conv's handlers start each halo all-to-all, run the interior compute, then wa
 eager overlap), and the traced FX graph keeps that order. Inductor's scheduler does not:
 it may fuse the interior conv's inputs (e.g. the weight's layout conversion) into the
 kernel that assembles the window after the wait, so the interior conv waits for the
-halo. This pass makes each halo wait depend on the convolutions issued between its start
-and it (torch's control_deps), which Inductor keeps in order and never fuses across.
+halo; in backward it computed the weight gradient before starting the exchange that
+should travel during it. This pass makes each convolution issued between a halo's start
+and its wait depend on the start, and the wait on them (torch's control_deps), which
+Inductor keeps in order and never fuses across.
 """
 
 from __future__ import annotations
@@ -32,14 +34,16 @@ def _halo_waits(graph: Any) -> list[tuple[Any, Any]]:
 
 
 def keep_halo_waits_after_interior(graph: Any) -> None:
-    """Order each halo wait after the convolutions between its start and it."""
+    """Order the convolutions between each halo start and its wait after the start, and
+    the wait after them."""
     extra: dict[Any, Sequence[Any]] = {}
     for start, wait in _halo_waits(graph):
         node, convs = start.next, []
         while node is not wait:
             if node.op == "call_function" and str(node.target) in OVERLAPPED:
                 convs.append(node)
+                extra[node] = [*extra.get(node, ()), start]
             node = node.next
         if convs:
-            extra[wait] = convs
+            extra[wait] = [*extra.get(wait, ()), *convs]
     order_after(graph, extra)

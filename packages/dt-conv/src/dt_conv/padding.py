@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
-from dt_core.kit import bind_positional
+from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
 from . import spatial
@@ -98,7 +98,7 @@ def constant_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> o
 
     op = _window_op(x, x.shape, pad, "constant", local, vjp, value)
     if isinstance(op, str):
-        return spatial.fallback(op_call.__name__, op, op_call, [x, pad, value], x)
+        return replicated_fallback("conv", op, op_call, [x, pad, value], like=(x,))
     return spatial.forward(op, x)
 
 
@@ -111,7 +111,7 @@ def mode_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
     x, pad = cast(DTensor, x_arg), cast(list[int], pad_arg)  # as the pad op's schema says
     op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(op_call))
     if isinstance(op, str):
-        return spatial.fallback(op_call.__name__, op, op_call, [x, pad], x)
+        return replicated_fallback("conv", op, op_call, [x, pad], like=(x,))
     return spatial.forward(op, x)
 
 
@@ -122,7 +122,7 @@ def mode_pad_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
     forward_op = getattr(torch.ops.aten, op_call.__name__.split(".")[0].replace("_backward", ""))
     op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(forward_op.default))
     if isinstance(op, str):
-        return spatial.fallback(op_call.__name__, op, op_call, [grad, x, pad], x)
+        return replicated_fallback("conv", op, op_call, [grad, x, pad], like=(x,))
     return spatial.backward(op, grad, None, x.shape)
 
 

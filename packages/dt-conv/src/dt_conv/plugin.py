@@ -1,61 +1,22 @@
 """Hookimpls of the `conv` plugin.
 
-Light at import, and the hook itself imports only `torch`: the handler modules import
-`torch.distributed.tensor`, whose first import is what triggers the hook, so they load
-on the first call instead (importing them here would re-enter activation).
+Light at import, and the hooks import only `torch`: the handler modules import
+`torch.distributed.tensor`, whose first import is what runs the hooks, so the hooks list
+the ops by name (`handled_ops`) and each installed handler loads dt-conv's handler table
+(`handlers.HANDLERS`) on its first call (importing it here would re-enter activation).
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from dt_core import GraphPass, LibraryOps, OpHandler, hookimpl
 
-DT_API = ">=1.0,<2"  # dt-core hook API this plugin is written for
+from dt_conv.handled_ops import HANDLED, UPSAMPLE
 
-# aten op name -> "module:function" of its handler (modules of this package).
-HANDLERS = {
-    "convolution": "forward:convolution_handler",
-    "convolution_backward": "backward:convolution_backward_handler",
-    "max_pool2d_with_indices": "pooling:max_pool_with_indices",
-    "max_pool3d_with_indices": "pooling:max_pool_with_indices",
-    "max_pool2d_with_indices_backward": "pooling:max_pool_with_indices_backward",
-    "max_pool3d_with_indices_backward": "pooling:max_pool_with_indices_backward",
-    "avg_pool2d": "pooling:avg_pool",
-    "avg_pool3d": "pooling:avg_pool",
-    "avg_pool2d_backward": "pooling:avg_pool_backward",
-    "avg_pool3d_backward": "pooling:avg_pool_backward",
-    "constant_pad_nd": "padding:constant_pad",
-    **{
-        f"{mode}_pad{n}d": "padding:mode_pad"
-        for mode in ("reflection", "replication")
-        for n in (1, 2, 3)
-    },
-    **{
-        f"{mode}_pad{n}d_backward": "padding:mode_pad_backward"
-        for mode in ("reflection", "replication")
-        for n in (1, 2, 3)
-    },
-    **{
-        f"{op}{n}d": "interpolate:upsample"
-        for op in ("upsample_nearest", "_upsample_nearest_exact")
-        for n in (1, 2, 3)
-    },
-    **{
-        f"{op}{n}d_backward": "interpolate:upsample_backward"
-        for op in ("upsample_nearest", "_upsample_nearest_exact")
-        for n in (1, 2, 3)
-    },
-    "upsample_linear1d": "interpolate:upsample",
-    "upsample_bilinear2d": "interpolate:upsample",
-    "upsample_trilinear3d": "interpolate:upsample",
-    "upsample_linear1d_backward": "interpolate:upsample_backward",
-    "upsample_bilinear2d_backward": "interpolate:upsample_backward",
-    "upsample_trilinear3d_backward": "interpolate:upsample_backward",
-}
+DT_API = ">=1.0,<2"  # dt-core hook API this plugin is written for
 
 
 def _outside_dynamo(fn: Callable[..., object]) -> Callable[..., object]:
@@ -79,21 +40,16 @@ def _outside_dynamo(fn: Callable[..., object]) -> Callable[..., object]:
     return call
 
 
-def _lazy(target: str) -> Callable[..., object]:
-    module, name = target.split(":")
+def _handler(name: str) -> Callable[..., object]:
+    """DTensor's handler for `aten.<name>`: `handlers.handle`, imported on the first call."""
 
     def run(op_call: Any, args: tuple, kwargs: dict) -> object:
-        validate = importlib.import_module("dt_conv.validate")
-        if "backward" not in op_call.__name__:  # backward runs only after forward passed
-            validate.raise_like_torch(op_call, args, kwargs)
-        if validate.simulated_ranks(args, kwargs):
-            from dt_conv.fallback import replicated_op
+        from dt_conv.handlers import handle
 
-            return replicated_op(str(op_call), op_call, args, kwargs)
-        return getattr(importlib.import_module(f"dt_conv.{module}"), name)(op_call, args, kwargs)
+        return handle(name, op_call, args, kwargs)
 
     handler = _outside_dynamo(run)
-    handler.__qualname__ = handler.__name__ = f"{module}_{name}"
+    handler.__qualname__ = handler.__name__ = f"conv_{name}"
     return handler
 
 
@@ -120,21 +76,6 @@ def _pad_circular(x: Any, pad: Any) -> Any:
     return torch.ops.aten._pad_circular.default.decompose(x, pad)
 
 
-# `F.interpolate`'s composite entry ops, decomposed by torch's Python dispatcher while
-# tracing unless dt-conv's autograd kernel takes DTensors first (`interpolate_vec`).
-UPSAMPLE_VEC = tuple(
-    f"{op}{n}d"
-    for op, ns in (
-        ("upsample_linear", (1,)),
-        ("upsample_bilinear", (2,)),
-        ("upsample_trilinear", (3,)),
-        ("upsample_nearest", (1, 2, 3)),
-        ("_upsample_nearest_exact", (1, 2, 3)),
-    )
-    for n in ns
-)
-
-
 def _upsample_vec_kernel(name: str) -> Callable[..., object]:
     def kernel(x: Any, *args: Any) -> object:
         from dt_conv.interpolate_vec import upsample_vec
@@ -147,14 +88,14 @@ def _upsample_vec_kernel(name: str) -> Callable[..., object]:
 def _define_composites(lib: Any) -> None:
     for key in COMPOSITE_KEYS:
         lib.impl("_pad_circular", _pad_circular, key)
-        for name in UPSAMPLE_VEC:
+        for name in UPSAMPLE:
             lib.impl(f"{name}.vec", _upsample_vec_kernel(name), key)
 
 
 @hookimpl
 def dt_library_ops() -> list[LibraryOps]:
     ops = [f"aten::_pad_circular@{key}" for key in COMPOSITE_KEYS]
-    ops += [f"aten::{name}.vec@{key}" for name in UPSAMPLE_VEC for key in COMPOSITE_KEYS]
+    ops += [f"aten::{name}.vec@{key}" for name in UPSAMPLE for key in COMPOSITE_KEYS]
     return [LibraryOps("aten", _define_composites, ops=ops, kind="IMPL")]
 
 
@@ -163,7 +104,7 @@ def dt_op_handlers() -> list[OpHandler]:
     import torch
 
     aten = torch.ops.aten
-    return [OpHandler(getattr(aten, op).default, _lazy(t)) for op, t in HANDLERS.items()]
+    return [OpHandler(getattr(aten, name).default, _handler(name)) for name in HANDLED]
 
 
 def _keep_halo_waits_after_interior(graph: Any) -> None:

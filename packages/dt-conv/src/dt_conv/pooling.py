@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 import torch
-from dt_core.kit import bind_positional
+from dt_core.dtensors import as_dtensor
+from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
 from . import spatial
 from .geometry import conv_split, expand
 from .plan import SpatialPlan, Splitter, plan_spatial
-from .wrap import as_dtensor
 
 aten = torch.ops.aten
 
@@ -59,6 +59,14 @@ def _args(n: int, kernel: Sequence[int], stride: Sequence[int], padding: Sequenc
     kernel = expand(kernel, n)
     stride = expand(stride, n) if len(stride) else list(kernel)
     return kernel, stride, expand(padding, n)
+
+
+def _bound(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[list, DTensor, int]:
+    """The op's arguments by its schema, the pooled input (the first argument, or the second
+    after the output gradient in backward ops; a Tensor) and the number of pooled dims."""
+    values = bind_positional(op_call, args, kwargs)
+    x = values[1] if "backward" in op_call.__name__ else values[0]
+    return values, cast(DTensor, x), 2 if "2d" in op_call.__name__ else 3
 
 
 def _local_padding(plan: SpatialPlan, padding: list[int], n: int, ndim: int) -> list[int]:
@@ -102,11 +110,10 @@ def _max_op(
 
 def max_pool_with_indices(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """Values and global flat indices, both laid out like the input (one halo exchange)."""
-    values = bind_positional(op_call, args, kwargs)
-    x, n = cast(DTensor, values[0]), 2 if "2d" in op_call.__name__ else 3  # schema: Tensor
+    values, x, n = _bound(op_call, args, kwargs)
     planned = _max_op(x, n, values)
     if isinstance(planned, str):
-        return spatial.fallback(op_call.__name__, planned, op_call, values, x)
+        return replicated_fallback("conv", planned, op_call, values, like=(x, x))
     op, pool_both = planned
     plan = op.plan
     with torch.no_grad():
@@ -151,13 +158,11 @@ def _global_indices(
 def max_pool_with_indices_backward(
     op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
 ) -> object:
-    values = bind_positional(op_call, args, kwargs)
-    grad_out, x = cast(DTensor, values[0]), cast(DTensor, values[1])  # schema: Tensors
-    n = 2 if "2d" in op_call.__name__ else 3
-    planned = _max_op(x, n, [x, *values[2:7]])
+    values, x, n = _bound(op_call, args, kwargs)
+    planned = _max_op(x, n, values[1:])  # the forward's arguments follow the gradient
     if isinstance(planned, str):
-        return spatial.fallback(op_call.__name__, planned, op_call, values, x)
-    return spatial.backward(planned[0], grad_out, x, x.shape)
+        return replicated_fallback("conv", planned, op_call, values, like=(x,))
+    return spatial.backward(planned[0], cast(DTensor, values[0]), x, x.shape)
 
 
 # ---- average pooling -----------------------------------------------------------------
@@ -221,19 +226,16 @@ def _avg_op(x: DTensor, n: int, values: list) -> spatial.WindowOp | str:
 
 
 def avg_pool(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    values = bind_positional(op_call, args, kwargs)
-    x, n = cast(DTensor, values[0]), 2 if "2d" in op_call.__name__ else 3  # schema: Tensor
+    values, x, n = _bound(op_call, args, kwargs)
     op = _avg_op(x, n, values)
     if isinstance(op, str):
-        return spatial.fallback(op_call.__name__, op, op_call, values, x)
+        return replicated_fallback("conv", op, op_call, values, like=(x,))
     return spatial.forward(op, x)
 
 
 def avg_pool_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
-    values = bind_positional(op_call, args, kwargs)
-    grad_out, x = cast(DTensor, values[0]), cast(DTensor, values[1])  # schema: Tensors
-    n = 2 if "2d" in op_call.__name__ else 3
-    op = _avg_op(x, n, [x, *values[2:8]])
+    values, x, n = _bound(op_call, args, kwargs)
+    op = _avg_op(x, n, values[1:])  # the forward's arguments follow the gradient
     if isinstance(op, str):
-        return spatial.fallback(op_call.__name__, op, op_call, values, x)
-    return spatial.backward(op, grad_out, None, x.shape)
+        return replicated_fallback("conv", op, op_call, values, like=(x,))
+    return spatial.backward(op, cast(DTensor, values[0]), None, x.shape)

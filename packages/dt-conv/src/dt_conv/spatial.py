@@ -15,13 +15,11 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-from dt_core.kit import replicated, warn_fallback
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from dt_core.dtensors import as_dtensor
+from torch.distributed.tensor import DTensor, Placement, Shard
 
-from .fallback import target_placements
 from .halo import gather_window, scatter_add_window
 from .plan import SpatialPlan
-from .wrap import as_dtensor
 
 LocalFn = Callable[[torch.Tensor], torch.Tensor]
 LocalVjp = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (window, grad) -> grad
@@ -120,26 +118,3 @@ def _local_shape_in(plan: SpatialPlan, in_shape: Sequence[int], g: torch.Tensor)
         lo, hi = s.owned_in(plan.local_rank(s))
         shape[s.dim] = hi - lo
     return shape
-
-
-def fallback(
-    name: str, reason: str, op_call: Callable[..., object], args: list, like: DTensor
-) -> object:
-    """Compute on replicated inputs (exact), warn once, return laid out like `like`."""
-    warn_fallback("conv", name, reason, stacklevel=4)
-    mesh = like.device_mesh
-    local = [replicated(a) for a in args]
-    out = op_call(*local)
-    rep = [Replicate()] * mesh.ndim
-    target = target_placements(tuple(like.placements))
-
-    def wrap(t: object) -> object:
-        if not isinstance(t, torch.Tensor):
-            return t
-        full = as_dtensor(t, mesh, rep, t.shape)
-        same_rank = all(p.dim < t.ndim for p in target if hasattr(p, "dim"))
-        return full.redistribute(mesh, target) if same_rank else full
-
-    if isinstance(out, tuple):
-        return tuple(wrap(t) for t in out)
-    return wrap(out)

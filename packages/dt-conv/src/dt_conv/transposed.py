@@ -14,13 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from dt_core.dtensors import as_dtensor
+from dt_core.kit import replicated, reshard_like
 from torch.distributed.tensor import DTensor, Replicate
 
+from .backward_overlap import overlapped_gradients
 from .geometry import DimSplit, Transposed, expand
 from .halo import scatter_add_window
+from .partial_sums import summed
 from .plan import SpatialPlan, Splitter, plan_spatial
 from .spatial import gather_windows, window_shape
-from .wrap import as_dtensor, like_param, replicated_local, summed
 
 aten = torch.ops.aten
 
@@ -52,6 +55,11 @@ class TransposedPlan:
         o0, o1 = split.owned_out(rank)
         lo, _ = split.needed(rank)
         return o0 + self.padding[split.dim - 2] - lo * self.stride[split.dim - 2], o1 - o0
+
+    def local_conv_args(self, groups: int) -> tuple:
+        """`aten.convolution`'s arguments after the bias for this rank's transposed conv of
+        its window (padding 0 along sharded dims), which backward differentiates."""
+        return (self.stride, self.local_padding, self.dilation, True, self.local_out_pad, groups)
 
     @property
     def reduce_mesh_dims(self) -> tuple[int, ...]:
@@ -99,20 +107,6 @@ def make_transposed_plan(
     if isinstance(spatial, str):
         return spatial
     return TransposedPlan(spatial, stride, padding, dilation, out_pad)
-
-
-def _local_conv(plan: TransposedPlan, window: torch.Tensor, w: torch.Tensor, groups: int):
-    return aten.convolution(
-        window,
-        w,
-        None,
-        plan.stride,
-        plan.local_padding,
-        plan.dilation,
-        True,
-        plan.local_out_pad,
-        groups,
-    )
 
 
 def _crop(plan: TransposedPlan, out: torch.Tensor) -> torch.Tensor:
@@ -175,14 +169,14 @@ def forward(
     groups: int,
 ) -> DTensor:
     sp = plan.spatial
-    w, b = replicated_local(weight), replicated_local(bias)
+    w, b = replicated(weight), replicated(bias)
     with torch.no_grad():
         window = gather_windows(sp, x.to_local())
         shape = _owned_shape(plan, window)
         if window.numel() == 0 or 0 in shape:
             out = window.new_zeros(shape)
         else:
-            out = _crop(plan, _local_conv(plan, window, w, groups))
+            out = _crop(plan, aten.convolution(window, w, None, *plan.local_conv_args(groups)))
         if b is not None:
             out = out + b.reshape(1, -1, *([1] * (out.ndim - 2)))
     return as_dtensor(out.contiguous(), sp.mesh, sp.placements, sp.out_shape)
@@ -200,41 +194,59 @@ def backward(
     sp = plan.spatial
     mesh = sp.mesh
     g = grad_out.redistribute(mesh, sp.placements).to_local()
-    w = replicated_local(weight)
+    w = replicated(weight)
     with torch.no_grad():
         xl = x.to_local()
-        if mask[1]:
-            window = gather_windows(sp, xl)
-        else:  # grad_input reads only the input's shape
-            window = xl.new_zeros(window_shape(sp, xl.shape))
-        gi = gw = None
-        if window.numel() and g.numel() and (mask[0] or mask[1]):
-            full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
-            gi, gw, _ = aten.convolution_backward(
-                full,
-                window,
-                w,
-                None,
-                plan.stride,
-                plan.local_padding,
-                plan.dilation,
-                True,
-                plan.local_out_pad,
-                groups,
-                [mask[0], mask[1], False],
+        wshape = window_shape(sp, xl.shape)
+        gi: torch.Tensor | None = None
+        gw: torch.Tensor | None = None
+        if sp.splits and mask[0] and mask[1] and 0 not in wshape and g.numel():
+            gi, gw = overlapped_gradients(
+                sp,
+                xl,
+                lambda window: _local_gradient(plan, g, window, w, groups, 0),
+                lambda window: _local_gradient(plan, g, window, w, groups, 1),
             )
+        else:
+            if mask[1]:
+                window = gather_windows(sp, xl)
+            else:  # grad_input reads only the input's shape
+                window = xl.new_zeros(wshape)
+            if window.numel() and g.numel() and (mask[0] or mask[1]):
+                full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
+                wanted = [mask[0], mask[1], False]
+                gi, gw, _ = aten.convolution_backward(
+                    full, window, w, None, *plan.local_conv_args(groups), wanted
+                )
+            if mask[0]:
+                gi = gi if gi is not None else window.new_zeros(window.shape)
+                for split in reversed(sp.splits):
+                    gi = scatter_add_window(gi, split, mesh)
         grad_input = grad_weight = grad_bias = None
-        if mask[0]:
-            gi = gi if gi is not None else window.new_zeros(window.shape)
-            for split in reversed(sp.splits):
-                gi = scatter_add_window(gi, split, mesh)
+        if mask[0] and gi is not None:
             grad_input = as_dtensor(gi, mesh, sp.placements, x.shape)
         if mask[1]:
             gw = gw if gw is not None else w.new_zeros(w.shape)
-            grad_weight = like_param(summed(gw, mesh, plan.reduce_mesh_dims), mesh, weight)
+            grad_weight = reshard_like(summed(gw, mesh, plan.reduce_mesh_dims), mesh, weight)
         if mask[2]:
             dims = [d for d in range(g.ndim) if d != 1]
             gb = g.sum(dims) if g.numel() else g.new_zeros(g.shape[1])
             full_b = summed(gb, mesh, plan.reduce_mesh_dims)
             grad_bias = as_dtensor(full_b, mesh, [Replicate()] * mesh.ndim, full_b.shape)
     return grad_input, grad_weight, grad_bias
+
+
+def _local_gradient(
+    plan: TransposedPlan,
+    g: torch.Tensor,
+    window: torch.Tensor,
+    w: torch.Tensor,
+    groups: int,
+    which: int,
+) -> torch.Tensor:
+    """The input (0) or weight (1) gradient of this rank's transposed conv of `window`;
+    the input gradient reads only the window's shape."""
+    full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
+    wanted = [which == 0, which == 1, False]
+    grads = aten.convolution_backward(full, window, w, None, *plan.local_conv_args(groups), wanted)
+    return grads[which]

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast, overload
+
+if TYPE_CHECKING:
+    import torch
 
 _warned: set[tuple[str, str, str]] = set()
 
@@ -41,6 +44,14 @@ def forget_fallback_warnings(plugin: str | None = None) -> None:
         _warned.discard(key)
 
 
+@overload
+def replicated(value: torch.Tensor) -> torch.Tensor: ...
+@overload
+def replicated(value: torch.Tensor | None) -> torch.Tensor | None: ...
+@overload
+def replicated(value: Any) -> Any: ...
+
+
 def replicated(value: Any) -> Any:
     """A DTensor's full value as a plain tensor on every rank; anything else unchanged."""
     from torch.distributed.tensor import DTensor, Replicate
@@ -56,12 +67,15 @@ def replicated(value: Any) -> Any:
 def reshard_like(full: Any, mesh: Any, like: object) -> Any:
     """Full tensor `full` (the same on every rank) laid out like `like`.
 
-    `like` is the DTensor whose layout the result takes: a replicated DTensor when `like`
-    is a DTensor on another mesh or of another rank (tensor dims), Partial placements
-    replicated (a full value carries no pending sum), a plain tensor when `like` is plain.
+    `like` is the tensor whose layout the result takes: its placements, Partial ones
+    replicated (a full value carries no pending sum), as long as every placement is a
+    (strided) shard of a dim `full` has, or a replicate: an output of another rank than
+    its input keeps the input's layout where that layout means something for it. A plain
+    tensor when `like` is plain (a gradient of a plain tensor); a replicated DTensor when
+    `like` is None, on another mesh, or placed in a way `full` cannot take.
     """
     import torch
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Partial, Replicate
 
     from ..dtensors import as_dtensor
 
@@ -70,12 +84,25 @@ def reshard_like(full: Any, mesh: Any, like: object) -> Any:
     if like is not None and not isinstance(like, DTensor):
         return full
     out = as_dtensor(full, mesh, [Replicate()] * mesh.ndim, full.shape)
-    if like is None or like.device_mesh != mesh or like.ndim != full.ndim:
+    if like is None or like.device_mesh != mesh:
         return out
     target = [Replicate() if isinstance(p, Partial) else p for p in like.placements]
-    if all(isinstance(p, Replicate | Shard) for p in target):
+    if all(_takes(full, p) for p in target):
         return out.redistribute(mesh, target)
     return out
+
+
+def _takes(full: torch.Tensor, placement: object) -> bool:
+    """Whether a full tensor can be laid out with `placement` by splitting it locally."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    from ..compat.fsdp import is_strided_shard
+
+    if isinstance(placement, Replicate):
+        return True
+    if isinstance(placement, Shard) or is_strided_shard(placement):
+        return cast(Shard, placement).dim < full.ndim
+    return False
 
 
 def replicated_fallback(

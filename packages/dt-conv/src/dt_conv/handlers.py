@@ -1,0 +1,61 @@
+"""Which function handles each aten op dt-conv owns, and what every handler runs first.
+
+The plugin's DTensor handlers import this module on the first call of any dt-conv op,
+never while the hooks run: the handler modules import `torch.distributed.tensor`, whose
+first import is what runs the hooks (`handled_ops` names the ops for them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .backward import convolution_backward_handler
+from .fallback import replicated_op
+from .forward import convolution_handler
+from .handled_ops import (
+    AVG_POOL,
+    CONSTANT_PAD,
+    CONVOLUTION,
+    MAX_POOL,
+    MODE_PAD,
+    UPSAMPLE,
+    backward_of,
+)
+from .interpolate import upsample, upsample_backward
+from .padding import constant_pad, mode_pad, mode_pad_backward
+from .pooling import (
+    avg_pool,
+    avg_pool_backward,
+    max_pool_with_indices,
+    max_pool_with_indices_backward,
+)
+from .validate import raise_like_torch, simulated_ranks
+
+Handler = Callable[[torch._ops.OpOverload, tuple, dict], object]
+
+HANDLERS: dict[str, Handler] = {
+    **dict.fromkeys(CONVOLUTION, convolution_handler),
+    **dict.fromkeys(backward_of(CONVOLUTION), convolution_backward_handler),
+    **dict.fromkeys(MAX_POOL, max_pool_with_indices),
+    **dict.fromkeys(backward_of(MAX_POOL), max_pool_with_indices_backward),
+    **dict.fromkeys(AVG_POOL, avg_pool),
+    **dict.fromkeys(backward_of(AVG_POOL), avg_pool_backward),
+    **dict.fromkeys(CONSTANT_PAD, constant_pad),
+    **dict.fromkeys(MODE_PAD, mode_pad),
+    **dict.fromkeys(backward_of(MODE_PAD), mode_pad_backward),
+    **dict.fromkeys(UPSAMPLE, upsample),
+    **dict.fromkeys(backward_of(UPSAMPLE), upsample_backward),
+}
+
+
+def handle(name: str, op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
+    """`aten.<name>` on DTensors. Bad arguments raise torch's own error on every rank first
+    (a backward op runs only after its forward passed the check); ranks simulated in one
+    process take the replicated path, where per-rank halo plans cannot run."""
+    if not name.endswith("_backward"):
+        raise_like_torch(op_call, args, kwargs)
+    if simulated_ranks(args, kwargs):
+        return replicated_op(str(op_call), op_call, args, kwargs)
+    return HANDLERS[name](op_call, args, kwargs)
