@@ -81,11 +81,6 @@ def sdpa_cases(world: int) -> None:
     run_all(cases)
 
 
-@pytest.mark.ranks(2)
-def test_sdpa_2_ranks() -> None:
-    sdpa_cases(2)
-
-
-@pytest.mark.ranks(4)
-def test_sdpa_4_ranks() -> None:
-    sdpa_cases(4)
+@pytest.mark.ranks(2, 4)
+def test_sdpa(world_size: int) -> None:
+    sdpa_cases(world_size)
