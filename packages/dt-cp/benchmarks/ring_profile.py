@@ -3,9 +3,14 @@
 `python packages/dt-cp/benchmarks/ring_profile.py [S] [rounds]` (default 16384, 3): causal
 SDPA fwd+bwd, head-tail balanced, 2 ranks x 1 thread, rounds alternating
   ring          (balanced chunk order, 2 chunks in flight: the default)
+  ring-own-first (the whole own block's backward first, as before)
   ring-depth1   (balanced order, 1 chunk in flight)
   ring-natural1 (natural chunk order, 1 chunk in flight: the previous ring)
-  allgather
+  allgather     (whole blocks point to point, half the own block computed while they
+                 arrive and half while the dK/dV shares go home point to point: the default)
+  allgather-own-first (the whole own block first: the last share's trip not overlapped)
+  allgather-gathered (the traced path run eagerly: gather, compute, reduce-scatter op)
+  allgather-allreduce (the same with dK/dV all-reduced in full: the all-gather before)
 and one process with 2 threads (the other rank idle in a barrier). Per rank it reports the
 forward time, the time spent waiting on ring exchanges (fwd+bwd) and in log-sum-exp merges.
 Ratios are within a round; the host is shared, so report `uptime` with them.
@@ -37,8 +42,14 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, queue: Any) -> None:
     mesh = init_device_mesh("cpu", (2,))
     balanced = algorithms._chunk_order
 
-    def natural(shards, receiver, source, causal):
-        return tuple(range(algorithms._chunk_count(shards.kv_layout.sizes())))
+    def natural(shards, receiver, source, causal, chunks):
+        return tuple(range(chunks))
+
+    def all_reduced(x, dim, sizes, group):  # the previous gloo reduce-scatter
+        total = x.contiguous().clone()
+        dist.all_reduce(total, group=comm.group_of(group))
+        rank = dist.get_rank(comm.group_of(group))
+        return total.narrow(dim, sum(sizes[:rank]), sizes[rank]).clone()
 
     timers = {"wait": 0.0, "merge": 0.0}
     wait, merge = comm.RingStep.wait, blocks.Accumulator.merge
@@ -59,16 +70,33 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, queue: Any) -> None:
     full = [torch.randn(1, HEADS, seq, DIM, generator=gen) for _ in range(3)]
     with dt_cp.settings(load_balancer="head_tail"):
         qkv = [dt_cp.shard_sequence(t, mesh, 2).requires_grad_() for t in full]
-    variants = (
-        ("ring", "ring", balanced, 2),
-        ("ring-depth1", "ring", balanced, 1),
-        ("ring-natural1", "ring", natural, 1),
-        ("allgather", "allgather", balanced, 2),
+    traced = lambda *_: True  # noqa: E731  (run the traced path eagerly)
+    defaults = {
+        (algorithms, "_chunk_order"): balanced,
+        (algorithms, "RING_PREFETCH_CHUNKS"): algorithms.RING_PREFETCH_CHUNKS,
+        (algorithms, "OWN_BLOCK_LAST"): algorithms.OWN_BLOCK_LAST,
+        (algorithms, "is_tracing"): algorithms.is_tracing,
+        (comm, "reduce_scatter_seq"): comm.reduce_scatter_seq,
+    }
+    variants: tuple[tuple[str, str, dict], ...] = (
+        ("ring", "ring", {}),
+        ("ring-own-first", "ring", {"OWN_BLOCK_LAST": 0.0}),
+        ("ring-depth1", "ring", {"RING_PREFETCH_CHUNKS": 1}),
+        ("ring-natural1", "ring", {"RING_PREFETCH_CHUNKS": 1, "_chunk_order": natural}),
+        ("allgather", "allgather", {}),
+        ("allgather-own-first", "allgather", {"OWN_BLOCK_LAST": 0.0}),
+        ("allgather-gathered", "allgather", {"is_tracing": traced}),
+        (
+            "allgather-allreduce",
+            "allgather",
+            {"is_tracing": traced, "reduce_scatter_seq": all_reduced},
+        ),
     )
     results: dict[str, list] = {}
 
-    def step(name: str, algorithm: str, order: Any, depth: int) -> None:
-        algorithms._chunk_order, algorithms.RING_PREFETCH_CHUNKS = order, depth
+    def step(name: str, algorithm: str, changes: dict) -> None:
+        for (module, attr), value in defaults.items():
+            setattr(module, attr, changes.get(attr, value))
         with dt_cp.settings(algorithm=algorithm, load_balancer="head_tail"):
             for t in qkv:
                 t.grad = None
@@ -81,8 +109,8 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, queue: Any) -> None:
             total = time.perf_counter() - start
         results.setdefault(name, []).append((total, forward, timers["wait"], timers["merge"]))
 
-    step("warm-up", "ring", balanced, 2)
-    step("warm-up", "allgather", balanced, 2)
+    step("warm-up", "ring", {})
+    step("warm-up", "allgather", {})
     for _ in range(rounds):
         for variant in variants:
             step(*variant)
@@ -95,7 +123,8 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, queue: Any) -> None:
             results.setdefault("single", []).append((time.perf_counter() - start, 0, 0, 0))
             torch.set_num_threads(1)
         dist.barrier()
-    algorithms._chunk_order = balanced
+    for (module, attr), value in defaults.items():
+        setattr(module, attr, value)
     queue.put((rank, results))
     dist.destroy_process_group()
 
@@ -117,7 +146,7 @@ def main() -> None:
         p.join()
     print(f"load average before/after: {os.getloadavg()}")
     single = results[0]["single"]
-    for name in ("ring", "ring-depth1", "ring-natural1", "allgather"):
+    for name in [v for v in results[0] if v not in ("warm-up", "single")]:
         for i, one in enumerate(single):
             rows = [results[r][name][i] for r in (0, 1)]
             total = max(row[0] for row in rows)
@@ -127,7 +156,7 @@ def main() -> None:
                 for r, row in enumerate(rows)
             )
             print(
-                f"round {i} {name:13s} {total:6.2f} s  /one process {total / one[0]:.2f}  "
+                f"round {i} {name:19s} {total:6.2f} s  /one process {total / one[0]:.2f}  "
                 f"/all-gather {total / gather:.2f}  {parts}"
             )
     print("one process, 2 threads:", [round(x[0], 2) for x in single])
