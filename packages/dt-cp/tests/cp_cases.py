@@ -240,7 +240,8 @@ def row_limits(piece_rows: int = 0, chunk_rows: int = 0) -> Iterator[None]:
     import dt_cp.blocks
 
     limits = [(dt_cp.algorithms, "RING_CHUNK_ROWS", chunk_rows)]
-    limits += [(dt_cp.blocks, n, piece_rows) for n in ("MAX_RANGE_ROWS", "SPARSE_RANGE_ROWS")]
+    pieces = ("MAX_RANGE_ROWS", "GATHERED_RANGE_ROWS", "SPARSE_RANGE_ROWS")
+    limits += [(dt_cp.blocks, name, piece_rows) for name in pieces]
     saved = [(module, name, getattr(module, name)) for module, name, rows in limits if rows]
     for module, name, rows in limits:
         if rows:

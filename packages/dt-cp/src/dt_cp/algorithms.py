@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from dt_core.tracing import is_tracing
 
+from . import blocks
 from .blocks import (
     KV,
     Accumulator,
@@ -78,14 +79,17 @@ def gathered_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The all-gather algorithm once K/V of every rank are here (in rank order)."""
     acc = Accumulator(q, kv_all.v.shape[-1])
-    block_forward(spec, acc, q, shards.q_ranges(), kv_all, shards.all_kv_ranges())
+    rows = blocks.GATHERED_RANGE_ROWS
+    block_forward(spec, acc, q, shards.q_ranges(), kv_all, shards.all_kv_ranges(), rows)
     return acc.result(q.dtype)
 
 
 def gathered_backward(spec: AttentionSpec, shards: Shards, saved: Saved, kv_all: KV) -> Grads:
     """dq and this rank's share of dK/dV for the whole gathered sequence (to be summed)."""
     dq = torch.zeros_like(saved.q)
-    grads = block_backward(spec, dq, saved, shards.q_ranges(), kv_all, shards.all_kv_ranges())
+    q_ranges, kv_ranges = shards.q_ranges(), shards.all_kv_ranges()
+    rows = blocks.GATHERED_RANGE_ROWS
+    grads = block_backward(spec, dq, saved, q_ranges, kv_all, kv_ranges, rows=rows)
     return Grads(dq, *grads)
 
 
@@ -124,10 +128,12 @@ RING_PREFETCH_CHUNKS = 2
 
 
 class Schedule(NamedTuple):
-    """How the other ranks' blocks travel: in how many chunks each, how many in flight."""
+    """How the other ranks' blocks travel (in how many chunks each, how many in flight),
+    and the longest kernel call (None: `blocks.MAX_RANGE_ROWS`)."""
 
     chunks: int
     ahead: int
+    piece_rows: int | None = None
 
     @classmethod
     def ring(cls, shards: Shards) -> Schedule:
@@ -137,8 +143,8 @@ class Schedule(NamedTuple):
 
     @classmethod
     def allgather(cls, shards: Shards) -> Schedule:
-        """Whole blocks, every one in flight from the start."""
-        return cls(1, max(1, shards.parts - 1))
+        """Whole blocks, every one in flight from the start; the gathered path's kernels."""
+        return cls(1, max(1, shards.parts - 1), blocks.GATHERED_RANGE_ROWS)
 
 
 class _Item(NamedTuple):
@@ -282,9 +288,11 @@ def exchanged_forward(
     q_ranges = shards.q_ranges()
     items = _items(shards, spec.causal, schedule.chunks)
     incoming = _Incoming(group_of(shards.group), kv, items, schedule)
-    block_forward(spec, acc, q, q_ranges, kv, shards.kv_layout.ranges(shards.rank))
+    rows = schedule.piece_rows
+    block_forward(spec, acc, q, q_ranges, kv, shards.kv_layout.ranges(shards.rank), rows)
     for item in items:
-        block_forward(spec, acc, q, q_ranges, incoming.next(), _item_ranges(shards, item))
+        ranges = _item_ranges(shards, item)
+        block_forward(spec, acc, q, q_ranges, incoming.next(), ranges, rows)
     return acc.result(q.dtype)
 
 
@@ -329,18 +337,19 @@ def exchanged_backward(
     own = KV(torch.zeros_like(kv.k), torch.zeros_like(kv.v))
     incoming = _Incoming(pg, kv, items, schedule)
     own_ranges = shards.kv_layout.ranges(shards.rank)
+    rows = schedule.piece_rows
 
     def own_rows(lo: int, hi: int) -> None:  # into `own` in place
         ranges = _slice_ranges(own_ranges, lo, hi)
-        block_backward(spec, dq, saved, q_ranges, kv.rows(lo, hi), ranges, own.rows(lo, hi))
+        into = own.rows(lo, hi)
+        block_backward(spec, dq, saved, q_ranges, kv.rows(lo, hi), ranges, into, rows)
 
-    cut = _own_cut(spec, own_ranges, kv.k.shape[2])
+    cut = _own_cut(spec, own_ranges, kv.k.shape[2], rows)
     own_rows(0, cut)  # while the other blocks arrive
     returning = _Returning(pg, own, schedule.chunks)
     for item in items:
-        share = block_backward(
-            spec, dq, saved, q_ranges, incoming.next(), _item_ranges(shards, item)
-        )
+        ranges = _item_ranges(shards, item)
+        share = block_backward(spec, dq, saved, q_ranges, incoming.next(), ranges, rows=rows)
         returning.send(share, item)
         del share  # the exchange keeps it only until sent
     own_rows(cut, kv.k.shape[2])  # while the last share goes home
@@ -353,11 +362,11 @@ def exchanged_backward(
 OWN_BLOCK_LAST = 0.5
 
 
-def _own_cut(spec: AttentionSpec, ranges: list[Range], n: int) -> int:
+def _own_cut(spec: AttentionSpec, ranges: list[Range], n: int, rows: int | None) -> int:
     """The local row splitting the own block's backward: on the kernel grid (the same
     kernel calls as uncut), as near `OWN_BLOCK_LAST` from the end as the grid allows."""
     target = n * (1 - OWN_BLOCK_LAST)
-    return min([*piece_starts(spec, ranges), n], key=lambda row: abs(row - target))
+    return min([*piece_starts(spec, ranges, rows), n], key=lambda row: abs(row - target))
 
 
 # --- which one runs -----------------------------------------------------------------------

@@ -31,7 +31,11 @@ MATH_TILE = 1 << 22
 # 1024 keeps a backward call's dq/dk/dv pieces small next to the O(S/P) state (ring memory
 # at P=2) and measured no slower than 4096 at S=16k (the fused kernel tiles internally).
 MAX_RANGE_ROWS = 1024
-# The same when a BlockMask's sparsity can skip pieces (flex attention).
+# The same where a rank holds the whole K/V anyway (the all-gather): larger calls run the
+# fused kernel faster (one thread, 2 heads x 128: 84 GFLOP/s forward / 81 backward on
+# 1024-row calls, 91 / 92 on 4096-row ones), and the all-gather's memory is O(S) regardless.
+GATHERED_RANGE_ROWS = 4096
+# The same when a BlockMask's sparsity can skip pieces (flex attention), whatever the above.
 SPARSE_RANGE_ROWS = 512
 # dt-cp's counters (dt-core's kit): "score_elements", the (query, key) scores this
 # process computed, read by the benchmark and by `dt-plugins stats -- <command>`.
@@ -356,19 +360,19 @@ def _pair_work(rel: str, qn: int, kn: int) -> int:
     return qn * (qn + 1) // 2 if rel == "diag" else qn * kn
 
 
-def _piece_rows(spec: AttentionSpec) -> int | None:
+def _piece_rows(spec: AttentionSpec, rows: int | None) -> int | None:
     # With a BlockMask, finer pieces let its sparsity skip most of what it leaves out.
-    return SPARSE_RANGE_ROWS if spec.visible is not None else None
+    return SPARSE_RANGE_ROWS if spec.visible is not None else rows
 
 
-def piece_starts(spec: AttentionSpec, ranges: list[Range]) -> list[int]:
+def piece_starts(spec: AttentionSpec, ranges: list[Range], rows: int | None = None) -> list[int]:
     """Local rows where the kernel pieces of a block laid out as `ranges` begin: the
     block cut there runs exactly the same kernel calls."""
-    return [offset for offset, _, _ in with_offsets(ranges, _piece_rows(spec))]
+    return [offset for offset, _, _ in with_offsets(ranges, _piece_rows(spec, rows))]
 
 
-def _pairs(spec: AttentionSpec, q_ranges: list[Range], kv_ranges: list[Range]):
-    rows = _piece_rows(spec)
+def _pairs(spec: AttentionSpec, q_ranges: list[Range], kv_ranges: list[Range], rows: int | None):
+    rows = _piece_rows(spec, rows)
     for ql, q0, qn in with_offsets(q_ranges, rows):
         for kl, k0, kn in with_offsets(kv_ranges, rows):
             rel = relation(spec, q0, qn, k0, kn)
@@ -384,10 +388,12 @@ def block_forward(
     q_ranges: list[Range],
     kv: KV,
     kv_ranges: list[Range],
+    rows: int | None = None,
 ) -> None:
-    """Merge this key/value block's contribution into `acc`."""
+    """Merge this key/value block's contribution into `acc` (kernel calls of at most
+    `rows` rows; None: `MAX_RANGE_ROWS`)."""
     leaf = native_forward if spec.native else math_forward
-    for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
+    for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges, rows):
         qn, kn = pos[1], pos[3]
         work = q.shape[0] * q.shape[1] * _pair_work(rel, qn, kn)
         if type(work) is int:  # not while tracing with symbolic shapes
@@ -404,17 +410,19 @@ def block_backward(
     kv: KV,
     kv_ranges: list[Range],
     into: KV | None = None,
+    rows: int | None = None,
 ) -> KV:
     """Add this block's share of dq into `dq`; return the block's (dk, dv).
 
-    `into`, when given, is the (dk, dv) accumulated into in place (a rank's own sums).
+    `into`, when given, is the (dk, dv) accumulated into in place (a rank's own sums);
+    `rows` as in `block_forward`.
     """
     leaf = native_backward if spec.native else math_backward
     grads = KV(torch.zeros_like(kv.k), torch.zeros_like(kv.v)) if into is None else into
     if spec.native:  # rows with no visible key: lse +inf gives the fused kernel zero weights
         lse = saved.lse
         saved = saved._replace(lse=torch.where(torch.isneginf(lse), float("inf"), lse))
-    for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
+    for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges, rows):
         qn, kn = pos[1], pos[3]
         g = leaf(spec, saved.rows(ql, ql + qn), kv.rows(kl, kl + kn), rel, pos)
         dq[:, :, ql : ql + qn] += g.dq
