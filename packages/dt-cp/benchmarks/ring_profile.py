@@ -1,14 +1,25 @@
 """Where the ring's time goes: ring variants vs all-gather vs one process, same run.
 
-`python packages/dt-cp/benchmarks/ring_profile.py [S] [rounds]` (default 16384, 3): causal
-SDPA fwd+bwd, head-tail balanced, 2 ranks x 1 thread, rounds alternating
+`python packages/dt-cp/benchmarks/ring_profile.py [S] [rounds] [variant,...]` (default
+16384, 3, every variant): causal SDPA fwd+bwd, head-tail balanced, 2 ranks x 1 thread,
+rounds alternating
   ring          (balanced chunk order, 2 chunks in flight: the default)
+  ring-own-first (the whole own block's backward first, as before)
   ring-depth1   (balanced order, 1 chunk in flight)
   ring-natural1 (natural chunk order, 1 chunk in flight: the previous ring)
-  allgather
+  allgather     (whole blocks point to point, half the own block computed while they
+                 arrive and half while the dK/dV shares go home point to point, kernel
+                 calls of up to 4096 rows: the default)
+  allgather-own-first (the whole own block first: the last share's trip not overlapped)
+  allgather-1024 (kernel calls of up to 1024 rows, as before)
+  allgather-gathered (the traced path run eagerly: gather, compute, reduce-scatter op)
+  allgather-allreduce (the same with dK/dV all-reduced in full and 1024-row kernel calls:
+                 the all-gather before)
 and one process with 2 threads (the other rank idle in a barrier). Per rank it reports the
-forward time, the time spent waiting on ring exchanges (fwd+bwd) and in log-sum-exp merges.
-Ratios are within a round; the host is shared, so report `uptime` with them.
+forward time, the time spent waiting on exchanges (fwd+bwd) and in log-sum-exp merges, and
+both ranks' CPU time (gloo's threads included) over the one process's: extra work, which
+a loaded host inflates less than wall time (OpenMP's spinning threads count for the one
+process). Ratios are within a round; the host is shared, so report `uptime` with them.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from typing import Any
 HEADS, DIM = 2, 128
 
 
-def _rank_main(rank: int, port: int, seq: int, rounds: int, queue: Any) -> None:
+def _rank_main(rank: int, port: int, seq: int, rounds: int, only: list, queue: Any) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -37,8 +48,14 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, queue: Any) -> None:
     mesh = init_device_mesh("cpu", (2,))
     balanced = algorithms._chunk_order
 
-    def natural(shards, receiver, source, causal):
-        return tuple(range(algorithms._chunk_count(shards.kv_layout.sizes())))
+    def natural(shards, receiver, source, causal, chunks):
+        return tuple(range(chunks))
+
+    def all_reduced(x, dim, sizes, group):  # the previous gloo reduce-scatter
+        total = x.contiguous().clone()
+        dist.all_reduce(total, group=comm.group_of(group))
+        rank = dist.get_rank(comm.group_of(group))
+        return total.narrow(dim, sum(sizes[:rank]), sizes[rank]).clone()
 
     timers = {"wait": 0.0, "merge": 0.0}
     wait, merge = comm.RingStep.wait, blocks.Accumulator.merge
@@ -59,30 +76,51 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, queue: Any) -> None:
     full = [torch.randn(1, HEADS, seq, DIM, generator=gen) for _ in range(3)]
     with dt_cp.settings(load_balancer="head_tail"):
         qkv = [dt_cp.shard_sequence(t, mesh, 2).requires_grad_() for t in full]
-    variants = (
-        ("ring", "ring", balanced, 2),
-        ("ring-depth1", "ring", balanced, 1),
-        ("ring-natural1", "ring", natural, 1),
-        ("allgather", "allgather", balanced, 2),
+    traced = lambda *_: True  # noqa: E731  (run the traced path eagerly)
+    defaults = {
+        (algorithms, "_chunk_order"): balanced,
+        (algorithms, "RING_PREFETCH_CHUNKS"): algorithms.RING_PREFETCH_CHUNKS,
+        (algorithms, "OWN_BLOCK_LAST"): algorithms.OWN_BLOCK_LAST,
+        (algorithms, "is_tracing"): algorithms.is_tracing,
+        (blocks, "GATHERED_RANGE_ROWS"): blocks.GATHERED_RANGE_ROWS,
+        (comm, "reduce_scatter_seq"): comm.reduce_scatter_seq,
+    }
+    variants: tuple[tuple[str, str, dict], ...] = (
+        ("ring", "ring", {}),
+        ("ring-own-first", "ring", {"OWN_BLOCK_LAST": 0.0}),
+        ("ring-depth1", "ring", {"RING_PREFETCH_CHUNKS": 1}),
+        ("ring-natural1", "ring", {"RING_PREFETCH_CHUNKS": 1, "_chunk_order": natural}),
+        ("allgather", "allgather", {}),
+        ("allgather-own-first", "allgather", {"OWN_BLOCK_LAST": 0.0}),
+        ("allgather-1024", "allgather", {"GATHERED_RANGE_ROWS": 1024}),
+        ("allgather-gathered", "allgather", {"is_tracing": traced}),
+        (
+            "allgather-allreduce",
+            "allgather",
+            {"is_tracing": traced, "reduce_scatter_seq": all_reduced, "GATHERED_RANGE_ROWS": 1024},
+        ),
     )
+    variants = tuple(v for v in variants if not only or v[0] in only)
     results: dict[str, list] = {}
 
-    def step(name: str, algorithm: str, order: Any, depth: int) -> None:
-        algorithms._chunk_order, algorithms.RING_PREFETCH_CHUNKS = order, depth
+    def step(name: str, algorithm: str, changes: dict) -> None:
+        for (module, attr), value in defaults.items():
+            setattr(module, attr, changes.get(attr, value))
         with dt_cp.settings(algorithm=algorithm, load_balancer="head_tail"):
             for t in qkv:
                 t.grad = None
             dist.barrier()
             timers["wait"] = timers["merge"] = 0.0
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             out = F.scaled_dot_product_attention(*qkv, is_causal=True)
             forward = time.perf_counter() - start
             out.sum().backward()
             total = time.perf_counter() - start
-        results.setdefault(name, []).append((total, forward, timers["wait"], timers["merge"]))
+            cpu = time.process_time() - cpu
+        results.setdefault(name, []).append((total, forward, timers["wait"], timers["merge"], cpu))
 
-    step("warm-up", "ring", balanced, 2)
-    step("warm-up", "allgather", balanced, 2)
+    step("warm-up", "ring", {})
+    step("warm-up", "allgather", {})
     for _ in range(rounds):
         for variant in variants:
             step(*variant)
@@ -90,12 +128,14 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, queue: Any) -> None:
         if rank == 0:
             torch.set_num_threads(2)
             leaves = [t.clone().requires_grad_() for t in full]
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             F.scaled_dot_product_attention(*leaves, is_causal=True).sum().backward()
-            results.setdefault("single", []).append((time.perf_counter() - start, 0, 0, 0))
+            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+            results.setdefault("single", []).append((elapsed, 0, 0, 0, cpu))
             torch.set_num_threads(1)
         dist.barrier()
-    algorithms._chunk_order = balanced
+    for (module, attr), value in defaults.items():
+        setattr(module, attr, value)
     queue.put((rank, results))
     dist.destroy_process_group()
 
@@ -103,13 +143,16 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, queue: Any) -> None:
 def main() -> None:
     seq = int(sys.argv[1]) if len(sys.argv) > 1 else 16384
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    only = sys.argv[3].split(",") if len(sys.argv) > 3 else []
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, seq, rounds, queue)) for r in (0, 1)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, port, seq, rounds, only, queue)) for r in (0, 1)
+    ]
     for p in procs:
         p.start()
     results = dict(queue.get(timeout=3600) for _ in procs)
@@ -117,20 +160,27 @@ def main() -> None:
         p.join()
     print(f"load average before/after: {os.getloadavg()}")
     single = results[0]["single"]
-    for name in ("ring", "ring-depth1", "ring-natural1", "allgather"):
+    for name in [v for v in results[0] if v not in ("warm-up", "single")]:
         for i, one in enumerate(single):
             rows = [results[r][name][i] for r in (0, 1)]
             total = max(row[0] for row in rows)
+            cpu = sum(row[4] for row in rows) / one[4]  # both ranks' CPU time / one process's
             gather = max(results[r]["allgather"][i][0] for r in (0, 1))
             parts = "  ".join(
                 f"r{r}: fwd {row[1]:.2f} wait {row[2]:.2f} merge {row[3]:.2f}"
                 for r, row in enumerate(rows)
             )
             print(
-                f"round {i} {name:13s} {total:6.2f} s  /one process {total / one[0]:.2f}  "
-                f"/all-gather {total / gather:.2f}  {parts}"
+                f"round {i} {name:19s} {total:6.2f} s  /one process {total / one[0]:.2f}  "
+                f"/all-gather {total / gather:.2f}  cpu/one process {cpu:.2f}  {parts}"
             )
     print("one process, 2 threads:", [round(x[0], 2) for x in single])
+    best_single = min(x[0] for x in single)
+    for name in [v for v in results[0] if v not in ("warm-up", "single")]:
+        best = min(max(results[r][name][i][0] for r in (0, 1)) for i in range(len(single)))
+        print(
+            f"best of rounds {name:19s} {best:6.2f} s  /best one process {best / best_single:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -77,16 +77,7 @@ def _case(mesh: Any, seq: int, algorithm: str, balancer: str, repeats: int) -> d
             peak_mb = min(peak_mb, (_rss_kb("VmHWM:") - base) / 1024)
             work = COUNTERS.get("score_elements")
             del out
-    stats = torch.tensor([best, peak_mb, work, work], dtype=torch.float64)
-    gathered = [torch.zeros_like(stats) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, stats)
-    rows = torch.stack(gathered)
-    return {
-        "time_s": float(rows[:, 0].max()),
-        "peak_mb": float(rows[:, 1].max()),
-        "work_max": float(rows[:, 2].max()),
-        "work_min": float(rows[:, 3].min()),
-    }
+    return _over_ranks(best, work, peak_mb=peak_mb)
 
 
 def document_lengths(seq: int) -> tuple[int, ...]:
@@ -120,15 +111,21 @@ def _document_case(mesh: Any, seq: int, balancer: str) -> dict:
             dt_cp.flex_attention(*qkv, block_mask=block_mask)
         elapsed = time.perf_counter() - start
         work = COUNTERS.get("score_elements")
-    stats = torch.tensor([elapsed, work, work], dtype=torch.float64)
+    return _over_ranks(elapsed, work)
+
+
+def _over_ranks(time_s: float, work: int, **highest: float) -> dict[str, float]:
+    """Every rank's numbers, all-gathered: the slowest time, the highest of each of
+    `highest` (e.g. peak memory), and the most and least work."""
+    import torch
+    import torch.distributed as dist
+
+    stats = torch.tensor([time_s, *highest.values(), work], dtype=torch.float64)
     gathered = [torch.zeros_like(stats) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, stats)
     rows = torch.stack(gathered)
-    return {
-        "time_s": float(rows[:, 0].max()),
-        "work_max": float(rows[:, 1].max()),
-        "work_min": float(rows[:, 2].min()),
-    }
+    result = {name: float(rows[:, i].max()) for i, name in enumerate(["time_s", *highest])}
+    return {**result, "work_max": float(rows[:, -1].max()), "work_min": float(rows[:, -1].min())}
 
 
 def _rank_main(
@@ -285,31 +282,30 @@ def main() -> None:
                 ),
             }
         )
+
+    def by_length(title: str, y_label: str, key: str) -> dict:
+        """One plot: `key` of ring and all-gather (no balancing) against the length."""
+        lines = {
+            label: [results[(s, algorithm, "none")][key] for s in seqs]
+            for label, algorithm in (("ring", "ring"), ("all-gather", "allgather"))
+        }
+        return {
+            "title": title,
+            "x_label": "sequence length",
+            "y_label": y_label,
+            "x": seqs,
+            "lines": lines,
+            "log_x": True,
+            "log_y": True,
+        }
+
     series = [
-        {
-            "title": "dt-cp: peak memory per rank vs sequence length (P=2, causal fwd+bwd)",
-            "x_label": "sequence length",
-            "y_label": "peak RSS rise per rank (MB)",
-            "x": seqs,
-            "lines": {
-                "ring": [results[(s, "ring", "none")]["peak_mb"] for s in seqs],
-                "all-gather": [results[(s, "allgather", "none")]["peak_mb"] for s in seqs],
-            },
-            "log_x": True,
-            "log_y": True,
-        },
-        {
-            "title": "dt-cp: fwd+bwd time vs sequence length (P=2, causal)",
-            "x_label": "sequence length",
-            "y_label": "seconds",
-            "x": seqs,
-            "lines": {
-                "ring": [results[(s, "ring", "none")]["time_s"] for s in seqs],
-                "all-gather": [results[(s, "allgather", "none")]["time_s"] for s in seqs],
-            },
-            "log_x": True,
-            "log_y": True,
-        },
+        by_length(
+            "dt-cp: peak memory per rank vs sequence length (P=2, causal fwd+bwd)",
+            "peak RSS rise per rank (MB)",
+            "peak_mb",
+        ),
+        by_length("dt-cp: fwd+bwd time vs sequence length (P=2, causal)", "seconds", "time_s"),
     ]
     for row in rows:
         if row["metric"] == "fwd_bwd_seconds":

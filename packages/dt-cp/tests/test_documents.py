@@ -174,11 +174,6 @@ def document_cases(world: int) -> None:
     run_all(cases)
 
 
-@pytest.mark.ranks(2)
-def test_documents_2_ranks() -> None:
-    document_cases(2)
-
-
-@pytest.mark.ranks(4)
-def test_documents_4_ranks() -> None:
-    document_cases(4)
+@pytest.mark.ranks(2, 4)
+def test_documents(world_size: int) -> None:
+    document_cases(world_size)

@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 import torch
-from cp_cases import compare, run_all, sdpa
+from cp_cases import compare, row_limits, run_all, sdpa
 from dt_core.testing import cpu_mesh
 
 
@@ -62,10 +62,8 @@ def sdpa_cases(world: int) -> None:
     def small_kernel_calls():
         # Ranges cut into 3-row pieces: many diagonal / full / skipped pairs per block.
         import dt_cp
-        from dt_cp import blocks
 
-        saved, blocks.MAX_RANGE_ROWS = blocks.MAX_RANGE_ROWS, 3
-        try:
+        with row_limits(piece_rows=3):
             for algorithm, balancer in (("ring", "head_tail"), ("allgather", "none")):
                 with dt_cp.settings(algorithm=algorithm):
                     for f in (sdpa(is_causal=True), sdpa(attn_mask=bool_mask)):
@@ -73,19 +71,12 @@ def sdpa_cases(world: int) -> None:
                         failure = compare(name, f, f, mesh, (1, 2, 11, 4), balancer=balancer)
                         if failure:
                             return failure
-        finally:
-            blocks.MAX_RANGE_ROWS = saved
         return None
 
     cases.append(("small kernel calls", small_kernel_calls))
     run_all(cases)
 
 
-@pytest.mark.ranks(2)
-def test_sdpa_2_ranks() -> None:
-    sdpa_cases(2)
-
-
-@pytest.mark.ranks(4)
-def test_sdpa_4_ranks() -> None:
-    sdpa_cases(4)
+@pytest.mark.ranks(2, 4)
+def test_sdpa(world_size: int) -> None:
+    sdpa_cases(world_size)

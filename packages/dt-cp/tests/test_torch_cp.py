@@ -304,14 +304,9 @@ def refusals(mesh) -> None:
         restore_torch_cp_globals()
 
 
-@pytest.mark.ranks(2)
-def test_torch_cp_apis_2_ranks() -> None:
-    torch_api_cases(2)
-
-
-@pytest.mark.ranks(4)
-def test_torch_cp_apis_4_ranks() -> None:
-    torch_api_cases(4)
+@pytest.mark.ranks(2, 4)
+def test_torch_cp_apis(world_size: int) -> None:
+    torch_api_cases(world_size)
 
 
 @pytest.mark.ranks(2)

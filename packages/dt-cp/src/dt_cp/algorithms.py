@@ -3,12 +3,13 @@
 Both take this rank's queries and its key/value shard (sequence on dim 2) and return
 the exact attention of the local queries over the whole sequence, plus the gradients.
 
-all-gather: gather K/V once (`dt_cp::all_gather_seq`), attend, and in backward gather
-again and reduce-scatter dK/dV. Holds the whole K/V on every rank while it runs.
-ring: each rank attends to its own block, then receives every other rank's block straight
-from its owner in chunks (the next chunk in flight while the current one is computed),
-merged by log-sum-exp; backward receives the chunks again and sends each chunk's dK/dV
-share straight home. A rank holds its own block and a few chunks: no foreign block whole.
+all-gather: every rank's K/V block comes whole, all at once; the rank attends to its own
+block while they arrive, then to each; backward sends each block's dK/dV share straight
+home while the next is computed (a point-to-point reduce-scatter). Holds the whole K/V on
+every rank while it runs. Traced (torch.compile), it is one gather (`dt_cp::all_gather_seq`)
+and one reduce-scatter (`dt_cp::reduce_scatter_seq`) around the same block computation.
+ring: the same exchange in small chunks, a few in flight (merged by log-sum-exp as they
+come): a rank holds its own block and a few chunks, never a foreign block whole.
 """
 
 from __future__ import annotations
@@ -16,11 +17,23 @@ from __future__ import annotations
 import collections
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+from dt_core.tracing import is_tracing
 
-from .blocks import Accumulator, AttentionSpec, block_backward, block_forward
+from . import blocks
+from .blocks import (
+    KV,
+    Accumulator,
+    AttentionSpec,
+    Grads,
+    Saved,
+    block_backward,
+    block_forward,
+    piece_starts,
+)
 from .comm import RingStep, group_of
 from .layout import Range, SequenceLayout
 
@@ -53,93 +66,97 @@ class Shards:
         return [r for j in range(self.parts) for r in self.kv_layout.ranges(j)]
 
 
-def _gather(shards: Shards, t: torch.Tensor) -> torch.Tensor:
-    if shards.parts == 1:
-        return t
+def _gather(shards: Shards, kv: KV) -> KV:
     sizes = shards.kv_layout.sizes()
-    return torch.ops.dt_cp.all_gather_seq(t.contiguous(), 2, sizes, shards.group)
+    return KV(*(torch.ops.dt_cp.all_gather_seq(t.contiguous(), 2, sizes, shards.group) for t in kv))
 
 
-def _scatter(shards: Shards, t: torch.Tensor) -> torch.Tensor:
-    if shards.parts == 1:
-        return t
-    sizes = shards.kv_layout.sizes()
-    return torch.ops.dt_cp.reduce_scatter_seq(t, 2, sizes, shards.group)
-
-
-def _kv_shape(like: torch.Tensor, n: int) -> list[int]:
-    return [like.shape[0], like.shape[1], n, like.shape[3]]
-
-
-# --- all-gather -------------------------------------------------------------------------
-
-
-def allgather_forward(
-    spec: AttentionSpec, shards: Shards, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return gathered_forward(spec, shards, q, _gather(shards, k), _gather(shards, v))
+# --- all-gather, as one traceable computation -------------------------------------------
 
 
 def gathered_forward(
-    spec: AttentionSpec,
-    shards: Shards,
-    q: torch.Tensor,
-    k_all: torch.Tensor,
-    v_all: torch.Tensor,
+    spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv_all: KV
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The all-gather algorithm once K/V of every rank are here (in rank order)."""
-    acc = Accumulator(q, v_all.shape[-1])
-    block_forward(spec, acc, q, shards.q_ranges(), k_all, v_all, shards.all_kv_ranges())
-    return acc.out.to(q.dtype), acc.lse, acc.max
+    acc = Accumulator(q, kv_all.v.shape[-1])
+    rows = blocks.GATHERED_RANGE_ROWS
+    block_forward(spec, acc, q, shards.q_ranges(), kv_all, shards.all_kv_ranges(), rows)
+    return acc.result(q.dtype)
 
 
-def allgather_backward(
-    spec: AttentionSpec,
-    shards: Shards,
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    k_all, v_all = _gather(shards, k), _gather(shards, v)
-    dq, dk_all, dv_all = gathered_backward(spec, shards, dout, q, k_all, v_all, out, lse)
-    return dq, _scatter(shards, dk_all), _scatter(shards, dv_all)
-
-
-def gathered_backward(
-    spec: AttentionSpec,
-    shards: Shards,
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k_all: torch.Tensor,
-    v_all: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gathered_backward(spec: AttentionSpec, shards: Shards, saved: Saved, kv_all: KV) -> Grads:
     """dq and this rank's share of dK/dV for the whole gathered sequence (to be summed)."""
-    dq = torch.zeros_like(q)
-    dk_all, dv_all = block_backward(
-        spec, dq, dout, q, shards.q_ranges(), k_all, v_all, shards.all_kv_ranges(), out, lse
+    dq = torch.zeros_like(saved.q)
+    q_ranges, kv_ranges = shards.q_ranges(), shards.all_kv_ranges()
+    rows = blocks.GATHERED_RANGE_ROWS
+    grads = block_backward(spec, dq, saved, q_ranges, kv_all, kv_ranges, rows=rows)
+    return Grads(dq, *grads)
+
+
+def _traced_forward(
+    spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv: KV
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All-gather under torch.compile: functional collectives (`dt_cp::all_gather_seq`)."""
+    return gathered_forward(spec, shards, q, _gather(shards, kv))
+
+
+def _traced_backward(spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV) -> Grads:
+    """Gather again, and reduce-scatter the dK/dV shares (`dt_cp::reduce_scatter_seq`)."""
+    dq, dk_all, dv_all = gathered_backward(spec, shards, saved, _gather(shards, kv))
+    sizes = shards.kv_layout.sizes()
+    dk, dv = (
+        torch.ops.dt_cp.reduce_scatter_seq(t, 2, sizes, shards.group) for t in (dk_all, dv_all)
     )
-    return dq, dk_all, dv_all
+    return Grads(dq, dk, dv)
 
 
-# --- ring -------------------------------------------------------------------------------
+# --- blocks exchanged point to point: the ring, and the all-gather run eagerly -----------
+#
+# Both run one schedule: a rank attends to its own block while the others' blocks arrive
+# straight from their owners, then to each arrived block in turn; backward sends each
+# block's dK/dV share straight home while the next one is computed. They differ in
+# granularity only: the ring moves blocks in small chunks, a few in flight (O(S/P) of K/V
+# per rank), the all-gather moves whole blocks, all in flight at once (the whole K/V per
+# rank, as a gather would hold, and kernels as large as the layout allows).
 
-# Rows of K/V per message. Blocks travel in chunks of at most this many rows, so a rank
-# holds its own block plus a few chunks, whatever the sequence length.
+# Rows of K/V per ring message. Blocks travel in chunks of at most this many rows, so a
+# rank holds its own block plus a few chunks, whatever the sequence length.
 RING_CHUNK_ROWS = 512
+# Ring chunks in flight ahead of the one being computed. Two absorb the step-to-step
+# differences in work between partners (lockstep stalls) for one extra chunk of memory.
+RING_PREFETCH_CHUNKS = 2
 
 
-def _block_buffers(k: torch.Tensor, v: torch.Tensor, n: int) -> list[torch.Tensor]:
-    return [k.new_empty(_kv_shape(k, n)), v.new_empty(_kv_shape(v, n))]
+class Schedule(NamedTuple):
+    """How the other ranks' blocks travel (in how many chunks each, how many in flight),
+    and the longest kernel call (None: `blocks.MAX_RANGE_ROWS`)."""
+
+    chunks: int
+    ahead: int
+    piece_rows: int | None = None
+
+    @classmethod
+    def ring(cls, shards: Shards) -> Schedule:
+        """Chunks of at most `RING_CHUNK_ROWS` (the same count on every rank)."""
+        longest = max(shards.kv_layout.sizes())
+        return cls(max(1, -(-longest // RING_CHUNK_ROWS)), RING_PREFETCH_CHUNKS)
+
+    @classmethod
+    def allgather(cls, shards: Shards) -> Schedule:
+        """Whole blocks, every one in flight from the start; the gathered path's kernels."""
+        return cls(1, max(1, shards.parts - 1), blocks.GATHERED_RANGE_ROWS)
 
 
-def _chunk_count(sizes: list[int]) -> int:
-    """Chunks per block, the same on every rank (chunks of shorter blocks are shorter)."""
-    return max(1, -(-max(sizes) // RING_CHUNK_ROWS))
+class _Item(NamedTuple):
+    """One exchange: at `step`, chunk `chunk` (rows [lo, hi)) of `source`'s block comes
+    in, while chunk `sent` of this rank's block goes out to rank + step."""
+
+    step: int
+    source: int
+    chunk: int
+    lo: int
+    hi: int
+    sent: int
 
 
 def _chunk_bounds(n: int, chunks: int) -> list[int]:
@@ -175,20 +192,20 @@ def _causal_pairs(q_ranges: list[Range], k_ranges: list[Range]) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _chunk_order(shards: Shards, receiver: int, source: int, causal: bool) -> tuple[int, ...]:
+def _chunk_order(
+    shards: Shards, receiver: int, source: int, causal: bool, chunks: int
+) -> tuple[int, ...]:
     """The order `receiver` gets `source`'s chunks in, spreading its work evenly over steps.
 
-    Chunks are exchanged in lockstep (one in flight), so a rank whose work comes in a burst
-    (e.g. head-tail: every early chunk fully visible, every late one hidden) stalls its
+    Chunks are exchanged in lockstep, so a rank whose work comes in a burst (e.g.
+    head-tail: every early chunk fully visible, every late one hidden) stalls its
     partner, then idles while the partner catches up. Greedy: each next chunk keeps the
     running work closest to its even share. Sender and receiver compute the same order
     from global layouts, so the exchange still pairs up.
     """
-    sizes = shards.kv_layout.sizes()
-    chunks = _chunk_count(sizes)
     if not causal or chunks == 1:
         return tuple(range(chunks))
-    bounds = _chunk_bounds(sizes[source], chunks)
+    bounds = _chunk_bounds(shards.kv_layout.sizes()[source], chunks)
     q_ranges = shards.q_layout.ranges(receiver)
     kv = shards.kv_layout.ranges(source)
     work = [
@@ -204,176 +221,186 @@ def _chunk_order(shards: Shards, receiver: int, source: int, causal: bool) -> tu
     return tuple(order)
 
 
-def _ring_items(shards: Shards, causal: bool) -> list[tuple[int, int, int, int, int, int]]:
-    """(step, source rank, chunk received, first row, end row, chunk sent) in order.
+def _items(shards: Shards, causal: bool, chunks: int) -> list[_Item]:
+    """Every exchange, in order.
 
     At step s a rank receives the block of rank - s straight from its owner (and sends
-    its own block to rank + s), chunk by chunk, so nothing is relayed and no rank ever
-    holds a foreign block whole. Chunks go in each receiver's balanced order.
+    its own block to rank + s), chunk by chunk, so nothing is relayed. Chunks go in each
+    receiver's balanced order.
     """
     sizes = shards.kv_layout.sizes()
-    chunks = _chunk_count(sizes)
     items = []
     for step in range(1, shards.parts):
         source = (shards.rank - step) % shards.parts
         target = (shards.rank + step) % shards.parts
         bounds = _chunk_bounds(sizes[source], chunks)
-        receive = _chunk_order(shards, shards.rank, source, causal)
-        send = _chunk_order(shards, target, shards.rank, causal)
+        receive = _chunk_order(shards, shards.rank, source, causal, chunks)
+        send = _chunk_order(shards, target, shards.rank, causal, chunks)
         for c, sent in zip(receive, send, strict=True):
-            items.append((step, source, c, bounds[c], bounds[c + 1], sent))
+            items.append(_Item(step, source, c, bounds[c], bounds[c + 1], sent))
     return items
 
 
-def _post_chunk(
-    shards: Shards, pg: dist.ProcessGroup, k: torch.Tensor, v: torch.Tensor, item: tuple
-) -> RingStep:
-    """Send this rank's chunk for `item` to rank + step; receive the item's chunk."""
-    step, _source, _c, lo, hi, sent = item
-    mine = _chunk_bounds(k.shape[2], _chunk_count(shards.kv_layout.sizes()))
-    a, b = mine[sent], mine[sent + 1]
-    send = [k[:, :, a:b], v[:, :, a:b]]
-    return RingStep(send, _block_buffers(k, v, hi - lo), pg, tag=1, shift=step)
+def _item_ranges(shards: Shards, item: _Item) -> list[Range]:
+    return _slice_ranges(shards.kv_layout.ranges(item.source), item.lo, item.hi)
 
 
-# K/V chunks in flight ahead of the one being computed. Two absorb the step-to-step
-# differences in work between partners (lockstep stalls) for one extra chunk of memory.
-RING_PREFETCH_CHUNKS = 2
+def _buffers(like: KV, n: int) -> list[torch.Tensor]:
+    """Receive buffers for `n` rows of K/V (or of their gradients)."""
+    return [t.new_empty(t.shape[0], t.shape[1], n, t.shape[3]) for t in like]
 
 
-class _Prefetch:
-    """Posts the ring's chunk exchanges `RING_PREFETCH_CHUNKS` ahead; `next()` waits."""
+class _Incoming:
+    """Posts the exchanges of `items` `schedule.ahead` in advance; `next()` waits for one."""
 
     def __init__(
-        self, shards: Shards, pg: dist.ProcessGroup, k: torch.Tensor, v: torch.Tensor, items: list
+        self, pg: dist.ProcessGroup, kv: KV, items: list[_Item], schedule: Schedule
     ) -> None:
-        self._post = lambda item: _post_chunk(shards, pg, k, v, item)
-        self._items = items
+        self._pg, self._kv, self._items = pg, kv, items
+        self._mine = _chunk_bounds(kv.k.shape[2], schedule.chunks)
+        self._ahead = schedule.ahead
         self._posted: collections.deque[RingStep] = collections.deque()
         self._next = 0
         self._fill()
 
+    def _post(self, item: _Item) -> RingStep:
+        """Send this rank's chunk `item.sent` to rank + step; receive the item's chunk."""
+        a, b = self._mine[item.sent], self._mine[item.sent + 1]
+        recv = _buffers(self._kv, item.hi - item.lo)
+        return RingStep(self._kv.rows(a, b), recv, self._pg, tag=1, shift=item.step)
+
     def _fill(self) -> None:
-        while self._next < len(self._items) and len(self._posted) < RING_PREFETCH_CHUNKS:
+        while self._next < len(self._items) and len(self._posted) < self._ahead:
             self._posted.append(self._post(self._items[self._next]))
             self._next += 1
 
-    def next(self) -> list[torch.Tensor]:
+    def next(self) -> KV:
         received = self._posted.popleft().wait()
         self._fill()
-        return received
+        return KV(*received)
 
 
-def ring_forward(
-    spec: AttentionSpec, shards: Shards, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+def exchanged_forward(
+    spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv: KV, schedule: Schedule
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Own block first, then every other rank's block chunk by chunk (next one in flight)."""
-    pg = group_of(shards.group)
-    acc = Accumulator(q, v.shape[-1])
+    """Own block first (while the others' arrive), then every other block as it comes."""
+    acc = Accumulator(q, kv.v.shape[-1])
     q_ranges = shards.q_ranges()
-    items = _ring_items(shards, spec.causal)
-    incoming = _Prefetch(shards, pg, k, v, items)
-    block_forward(spec, acc, q, q_ranges, k, v, shards.kv_layout.ranges(shards.rank))
+    items = _items(shards, spec.causal, schedule.chunks)
+    incoming = _Incoming(group_of(shards.group), kv, items, schedule)
+    rows = schedule.piece_rows
+    block_forward(spec, acc, q, q_ranges, kv, shards.kv_layout.ranges(shards.rank), rows)
     for item in items:
-        current = incoming.next()
-        _, source, _, lo, hi, _ = item
-        ranges = _slice_ranges(shards.kv_layout.ranges(source), lo, hi)
-        block_forward(spec, acc, q, q_ranges, current[0], current[1], ranges)
-        del current
-    return acc.out.to(q.dtype), acc.lse, acc.max
+        ranges = _item_ranges(shards, item)
+        block_forward(spec, acc, q, q_ranges, incoming.next(), ranges, rows)
+    return acc.result(q.dtype)
 
 
-def ring_backward(
-    spec: AttentionSpec,
-    shards: Shards,
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """K/V chunks come again; each chunk's dK/dV share goes straight back to its owner.
+class _Returning:
+    """dK/dV shares going home: each block's share leaves while the next is computed,
+    and the other ranks' shares of this rank's chunks come in and are added to `own`."""
 
-    Per rank: dq, its own dk/dv (the results), and a few chunks in flight (K/V arriving,
-    gradient shares leaving and arriving); no foreign block is ever held whole.
+    def __init__(self, pg: dist.ProcessGroup, own: KV, chunks: int) -> None:
+        self._pg, self._own = pg, own
+        self._mine = _chunk_bounds(own.k.shape[2], chunks)
+        self._pending: tuple[RingStep, int, int] | None = None
+
+    def send(self, share: KV, item: _Item) -> None:
+        """My share of `item`'s chunk goes to its owner (rank - step); rank + step's share
+        of the chunk I sent it comes in (every rank runs the same schedule)."""
+        self.settle()
+        a, b = self._mine[item.sent], self._mine[item.sent + 1]
+        recv = _buffers(self._own, b - a)
+        exchange = RingStep(share, recv, self._pg, tag=2, shift=-item.step)
+        self._pending = (exchange, a, b)
+
+    def settle(self) -> None:
+        if self._pending is not None:
+            exchange, a, b = self._pending
+            self._pending = None
+            for total, part in zip(self._own, exchange.wait(), strict=True):
+                total[:, :, a:b] += part
+
+
+def exchanged_backward(
+    spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV, schedule: Schedule
+) -> Grads:
+    """K/V arrive again as in forward; each block's dK/dV share goes straight home.
+
+    Per rank: dq, its own dK/dV (the results), the blocks or chunks in flight, and one
+    share leaving and one arriving: no rank ever holds the whole dK/dV.
     """
     pg = group_of(shards.group)
     q_ranges = shards.q_ranges()
-    items = _ring_items(shards, spec.causal)
-    chunks = _chunk_count(shards.kv_layout.sizes())
-    mine = _chunk_bounds(k.shape[2], chunks)
-    dq = torch.zeros_like(q)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    incoming = _Prefetch(shards, pg, k, v, items)
-    block_backward(
-        spec, dq, dout, q, q_ranges, k, v, shards.kv_layout.ranges(shards.rank), out, lse, dk, dv
-    )
-    returning: tuple[RingStep, int, int] | None = None  # shares for my chunk, in flight
+    items = _items(shards, spec.causal, schedule.chunks)
+    dq = torch.zeros_like(saved.q)
+    own = KV(torch.zeros_like(kv.k), torch.zeros_like(kv.v))
+    incoming = _Incoming(pg, kv, items, schedule)
+    own_ranges = shards.kv_layout.ranges(shards.rank)
+    rows = schedule.piece_rows
 
-    def settle() -> None:
-        if returning is not None:
-            exchange, a, b = returning
-            share_k, share_v = exchange.wait()
-            dk[:, :, a:b] += share_k
-            dv[:, :, a:b] += share_v
+    def own_rows(lo: int, hi: int) -> None:  # into `own` in place
+        ranges = _slice_ranges(own_ranges, lo, hi)
+        into = own.rows(lo, hi)
+        block_backward(spec, dq, saved, q_ranges, kv.rows(lo, hi), ranges, into, rows)
 
+    cut = _own_cut(spec, own_ranges, kv.k.shape[2], rows)
+    own_rows(0, cut)  # while the other blocks arrive
+    returning = _Returning(pg, own, schedule.chunks)
     for item in items:
-        current = incoming.next()
-        step, source, _c, lo, hi, sent = item
-        ranges = _slice_ranges(shards.kv_layout.ranges(source), lo, hi)
-        kc, vc = current
-        share = block_backward(spec, dq, dout, q, q_ranges, kc, vc, ranges, out, lse)
-        del kc, vc
-        del current
-        settle()
-        # My share of the chunk of rank - step goes home; rank + step's share of the chunk
-        # I sent it comes in (every rank runs the same schedule, so the exchange pairs up).
-        a, b = mine[sent], mine[sent + 1]
-        exchange = RingStep(share, _block_buffers(k, v, b - a), pg, tag=2, shift=-step)
-        returning = (exchange, a, b)
-        del share
-    settle()
-    return dq, dk, dv
+        ranges = _item_ranges(shards, item)
+        share = block_backward(spec, dq, saved, q_ranges, incoming.next(), ranges, rows=rows)
+        returning.send(share, item)
+        del share  # the exchange keeps it only until sent
+    own_rows(cut, kv.k.shape[2])  # while the last share goes home
+    returning.settle()
+    return Grads(dq, *own)
+
+
+# Share of a rank's own block whose backward runs last, while the last dK/dV share travels
+# home (a whole block's in the all-gather at P=2); the rest runs first, while K/V arrive.
+OWN_BLOCK_LAST = 0.5
+
+
+def _own_cut(spec: AttentionSpec, ranges: list[Range], n: int, rows: int | None) -> int:
+    """The local row splitting the own block's backward: on the kernel grid (the same
+    kernel calls as uncut), as near `OWN_BLOCK_LAST` from the end as the grid allows."""
+    target = n * (1 - OWN_BLOCK_LAST)
+    return min([*piece_starts(spec, ranges, rows), n], key=lambda row: abs(row - target))
+
+
+# --- which one runs -----------------------------------------------------------------------
 
 
 def run_forward(
-    algorithm: str,
-    spec: AttentionSpec,
-    shards: Shards,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    algorithm: str, spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv: KV
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, max score) of the local queries; max is -inf unless the math kernel ran."""
     from . import simulated
 
     if simulated.active(q):
-        return simulated.forward(algorithm, spec, shards, q, k, v)
-    if algorithm == "ring" and shards.parts > 1:
-        return ring_forward(spec, shards, q, k, v)
-    return allgather_forward(spec, shards, q, k, v)
+        return simulated.forward(algorithm, spec, shards, q, kv)
+    if shards.parts == 1:
+        return gathered_forward(spec, shards, q, kv)
+    if is_tracing(q):
+        return _traced_forward(spec, shards, q, kv)
+    return exchanged_forward(spec, shards, q, kv, _schedule(algorithm, shards))
 
 
 def run_backward(
-    algorithm: str,
-    spec: AttentionSpec,
-    shards: Shards,
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    algorithm: str, spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV
+) -> Grads:
+    """dq, dk, dv of the local shards (dK/dV summed over every rank's queries)."""
     from . import simulated
 
-    if simulated.active(q):
-        return simulated.backward(algorithm, spec, shards, dout, q, k, v, out, lse)
-    if algorithm == "ring" and shards.parts > 1:
-        return ring_backward(spec, shards, dout, q, k, v, out, lse)
-    return allgather_backward(spec, shards, dout, q, k, v, out, lse)
+    if simulated.active(saved.q):
+        return simulated.backward(algorithm, spec, shards, saved, kv)
+    if shards.parts == 1:
+        return gathered_backward(spec, shards, saved, kv)
+    if is_tracing(saved.q):
+        return _traced_backward(spec, shards, saved, kv)
+    return exchanged_backward(spec, shards, saved, kv, _schedule(algorithm, shards))
 
 
-def local_rank(group: str) -> int:
-    return dist.get_rank(group_of(group))
+def _schedule(algorithm: str, shards: Shards) -> Schedule:
+    return Schedule.ring(shards) if algorithm == "ring" else Schedule.allgather(shards)

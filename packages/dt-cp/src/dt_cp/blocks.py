@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from dt_core.kit import Counters
@@ -30,7 +31,11 @@ MATH_TILE = 1 << 22
 # 1024 keeps a backward call's dq/dk/dv pieces small next to the O(S/P) state (ring memory
 # at P=2) and measured no slower than 4096 at S=16k (the fused kernel tiles internally).
 MAX_RANGE_ROWS = 1024
-# The same when a BlockMask's sparsity can skip pieces (flex attention).
+# The same where a rank holds the whole K/V anyway (the all-gather): larger calls run the
+# fused kernel faster (one thread, 2 heads x 128: 84 GFLOP/s forward / 81 backward on
+# 1024-row calls, 91 / 92 on 4096-row ones), and the all-gather's memory is O(S) regardless.
+GATHERED_RANGE_ROWS = 4096
+# The same when a BlockMask's sparsity can skip pieces (flex attention), whatever the above.
 SPARSE_RANGE_ROWS = 512
 # dt-cp's counters (dt-core's kit): "score_elements", the (query, key) scores this
 # process computed, read by the benchmark and by `dt-plugins stats -- <command>`.
@@ -52,6 +57,36 @@ class AttentionSpec:
     head_offset: int = 0  # global index of the first local head
     # (q0, qn, k0, kn) -> whether a BlockMask lists any block of the pair (None: all run)
     visible: Callable[[int, int, int, int], bool] | None = None
+
+
+class KV(NamedTuple):
+    """A block's keys and values (sequence on dim 2), or their gradients: they travel,
+    slice and accumulate together."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def rows(self, lo: int, hi: int) -> KV:
+        return KV(self.k[:, :, lo:hi], self.v[:, :, lo:hi])
+
+
+class Saved(NamedTuple):
+    """The query side of backward: the incoming gradient, the queries, and the forward's
+    final (merged) output and log-sum-exp, which make each block's gradient exact alone."""
+
+    dout: torch.Tensor
+    q: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+
+    def rows(self, lo: int, hi: int) -> Saved:
+        return Saved(*(t[:, :, lo:hi] for t in self))
+
+
+class Grads(NamedTuple):
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
 
 
 def with_offsets(ranges: list[Range], max_rows: int | None = None) -> list[tuple[int, int, int]]:
@@ -131,11 +166,11 @@ def _dead_rows(mask: torch.Tensor | None, lse: torch.Tensor) -> torch.Tensor | N
 
 
 def native_forward(
-    spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: str, pos: Position
+    spec: AttentionSpec, q: torch.Tensor, kv: KV, rel: str, pos: Position
 ) -> tuple[torch.Tensor, torch.Tensor]:
     mask, is_causal = _native_mask(spec, rel, *pos, q.dtype)
     out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, is_causal, attn_mask=mask, scale=spec.scale
+        q, kv.k, kv.v, 0.0, is_causal, attn_mask=mask, scale=spec.scale
     )
     dead = _dead_rows(mask, lse)
     if dead is not None and bool(dead.any()):
@@ -143,20 +178,14 @@ def native_forward(
     return out, lse
 
 
-def native_backward(
-    spec: AttentionSpec,
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    rel: str,
-    pos: Position,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def native_backward(spec: AttentionSpec, saved: Saved, kv: KV, rel: str, pos: Position) -> Grads:
+    """`saved.lse` is +inf, not -inf, on rows with no visible key (zero probabilities)."""
+    dout, q, out, lse = saved
     mask, is_causal = _native_mask(spec, rel, *pos, q.dtype)
-    return aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout, q, k, v, out, lse, 0.0, is_causal, attn_mask=mask, scale=spec.scale
+    return Grads(
+        *aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, kv.k, kv.v, out, lse, 0.0, is_causal, attn_mask=mask, scale=spec.scale
+        )
     )
 
 
@@ -206,12 +235,13 @@ def _chunks(spec: AttentionSpec, q: torch.Tensor, kn: int) -> int:
 
 
 def math_forward(
-    spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: str, pos: Position
+    spec: AttentionSpec, q: torch.Tensor, kv: KV, rel: str, pos: Position
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q0, qn, k0, kn = pos
+    k = kv.k
     rows = _chunks(spec, q, kn)
     outs, lses, maxes = [], [], []
-    vx = _expand_heads(v, q.shape[1])
+    vx = _expand_heads(kv.v, q.shape[1])
     for c in range(0, qn, rows):
         s = _scores(spec, q[:, :, c : c + rows], k, rel, q0 + c, k0)
         lse = torch.logsumexp(s, -1)
@@ -241,17 +271,7 @@ def autograd_vjp(score_mod: Callable[..., torch.Tensor]) -> Callable[..., torch.
     return vjp
 
 
-def math_backward(
-    spec: AttentionSpec,
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    rel: str,
-    pos: Position,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def math_backward(spec: AttentionSpec, saved: Saved, kv: KV, rel: str, pos: Position) -> Grads:
     """Flash-style backward from the final lse; analytic except for score_mod's own vjp.
 
     Runs inside DTensor / HOP dispatch, below autograd, so it does not lean on autograd
@@ -259,6 +279,8 @@ def math_backward(
     where that is available).
     """
     q0, qn, k0, kn = pos
+    dout, q, out, lse = saved
+    k, v = kv
     heads = q.shape[1]
     groups = heads // k.shape[1]
     rows = _chunks(spec, q, kn)
@@ -293,7 +315,7 @@ def math_backward(
     b_, _, n, e = dkx.shape
     dk = dkx.view(b_, heads // groups, groups, n, e).sum(2)
     dv = dvx.view(b_, heads // groups, groups, n, dvx.shape[-1]).sum(2)
-    return torch.cat(dqs, 2), dk, dv
+    return Grads(torch.cat(dqs, 2), dk, dv)
 
 
 # --- one block, every range pair ----------------------------------------------------------
@@ -328,15 +350,29 @@ class Accumulator:
         o.mul_(w_old).add_(out.mul_(w_new))
         old.copy_(new)
 
+    def result(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(out in `dtype`, lse, max score): what the algorithms return."""
+        return self.out.to(dtype), self.lse, self.max
+
 
 def _pair_work(rel: str, qn: int, kn: int) -> int:
     """Visible (query, key) pairs of a range pair: what a causal-skipping kernel computes."""
     return qn * (qn + 1) // 2 if rel == "diag" else qn * kn
 
 
-def _pairs(spec: AttentionSpec, q_ranges: list[Range], kv_ranges: list[Range]):
+def _piece_rows(spec: AttentionSpec, rows: int | None) -> int | None:
     # With a BlockMask, finer pieces let its sparsity skip most of what it leaves out.
-    rows = SPARSE_RANGE_ROWS if spec.visible is not None else None
+    return SPARSE_RANGE_ROWS if spec.visible is not None else rows
+
+
+def piece_starts(spec: AttentionSpec, ranges: list[Range], rows: int | None = None) -> list[int]:
+    """Local rows where the kernel pieces of a block laid out as `ranges` begin: the
+    block cut there runs exactly the same kernel calls."""
+    return [offset for offset, _, _ in with_offsets(ranges, _piece_rows(spec, rows))]
+
+
+def _pairs(spec: AttentionSpec, q_ranges: list[Range], kv_ranges: list[Range], rows: int | None):
+    rows = _piece_rows(spec, rows)
     for ql, q0, qn in with_offsets(q_ranges, rows):
         for kl, k0, kn in with_offsets(kv_ranges, rows):
             rel = relation(spec, q0, qn, k0, kn)
@@ -350,68 +386,46 @@ def block_forward(
     acc: Accumulator,
     q: torch.Tensor,
     q_ranges: list[Range],
-    k: torch.Tensor,
-    v: torch.Tensor,
+    kv: KV,
     kv_ranges: list[Range],
+    rows: int | None = None,
 ) -> None:
-    """Merge this key/value block's contribution into `acc`."""
+    """Merge this key/value block's contribution into `acc` (kernel calls of at most
+    `rows` rows; None: `MAX_RANGE_ROWS`)."""
     leaf = native_forward if spec.native else math_forward
-    for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
+    for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges, rows):
         qn, kn = pos[1], pos[3]
         work = q.shape[0] * q.shape[1] * _pair_work(rel, qn, kn)
         if type(work) is int:  # not while tracing with symbolic shapes
             COUNTERS.add("score_elements", work)
-        result = leaf(
-            spec,
-            q[:, :, ql : ql + qn],
-            k[:, :, kl : kl + kn],
-            v[:, :, kl : kl + kn],
-            rel,
-            pos,
-        )
+        result = leaf(spec, q[:, :, ql : ql + qn], kv.rows(kl, kl + kn), rel, pos)
         acc.merge(ql, *result)
 
 
 def block_backward(
     spec: AttentionSpec,
     dq: torch.Tensor,
-    dout: torch.Tensor,
-    q: torch.Tensor,
+    saved: Saved,
     q_ranges: list[Range],
-    k: torch.Tensor,
-    v: torch.Tensor,
+    kv: KV,
     kv_ranges: list[Range],
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    dk: torch.Tensor | None = None,
-    dv: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    into: KV | None = None,
+    rows: int | None = None,
+) -> KV:
     """Add this block's share of dq into `dq`; return the block's (dk, dv).
 
-    `dk` / `dv`, when given, are accumulated into in place (the ring's travelling sums).
-
-    `out` and `lse` are the final (merged) forward results, which make each block's
-    gradient exact on its own (softmax probabilities are exp(score - final lse)).
+    `into`, when given, is the (dk, dv) accumulated into in place (a rank's own sums);
+    `rows` as in `block_forward`.
     """
     leaf = native_backward if spec.native else math_backward
-    dk = torch.zeros_like(k) if dk is None else dk
-    dv = torch.zeros_like(v) if dv is None else dv
-    safe_lse = torch.where(torch.isneginf(lse), float("inf"), lse)
-    for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges):
+    grads = KV(torch.zeros_like(kv.k), torch.zeros_like(kv.v)) if into is None else into
+    if spec.native:  # rows with no visible key: lse +inf gives the fused kernel zero weights
+        lse = saved.lse
+        saved = saved._replace(lse=torch.where(torch.isneginf(lse), float("inf"), lse))
+    for ql, kl, rel, pos in _pairs(spec, q_ranges, kv_ranges, rows):
         qn, kn = pos[1], pos[3]
-        qs, ks = slice(ql, ql + qn), slice(kl, kl + kn)
-        g_q, g_k, g_v = leaf(
-            spec,
-            dout[:, :, qs],
-            q[:, :, qs],
-            k[:, :, ks],
-            v[:, :, ks],
-            out[:, :, qs],
-            safe_lse[:, :, qs] if spec.native else lse[:, :, qs],
-            rel,
-            pos,
-        )
-        dq[:, :, qs] += g_q
-        dk[:, :, ks] += g_k
-        dv[:, :, ks] += g_v
-    return dk, dv
+        g = leaf(spec, saved.rows(ql, ql + qn), kv.rows(kl, kl + kn), rel, pos)
+        dq[:, :, ql : ql + qn] += g.dq
+        grads.k[:, :, kl : kl + kn] += g.dk
+        grads.v[:, :, kl : kl + kn] += g.dv
+    return grads

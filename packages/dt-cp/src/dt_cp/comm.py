@@ -39,17 +39,25 @@ def all_gather_seq(x: torch.Tensor, dim: int, sizes: Sequence[int], group: str) 
 def reduce_scatter_seq(x: torch.Tensor, dim: int, sizes: Sequence[int], group: str) -> torch.Tensor:
     """Sum `x` over ranks and keep this rank's `sizes[rank]` rows along `dim`."""
     pg = group_of(group)
-    rank = dist.get_rank(pg)
-    start = sum(sizes[:rank])
-    if dist.get_backend(pg) == "gloo":  # gloo has no reduce_scatter
-        total = x.contiguous().clone()
-        dist.all_reduce(total, group=pg)
-        return total.narrow(dim, start, sizes[rank]).clone()
+    rank, parts = dist.get_rank(pg), len(sizes)
+    starts = [sum(sizes[:i]) for i in range(parts)]
+    if dist.get_backend(pg) == "gloo":
+        # gloo has no reduce_scatter, and an all-reduce would move every rank's rows to
+        # every rank: send each rank only its own rows, point to point, all at once.
+        def rows(i: int) -> torch.Tensor:
+            return x.narrow(dim, starts[i], sizes[i])
+
+        mine = rows(rank)
+        exchanges = [
+            RingStep([rows((rank + s) % parts)], [x.new_empty(mine.shape)], pg, shift=s)
+            for s in range(1, parts)
+        ]
+        total = mine.clone(memory_format=torch.contiguous_format)
+        for exchange in exchanges:
+            total += exchange.wait()[0]
+        return total
     longest = max(sizes)
-    pieces, offset = [], 0
-    for n in sizes:
-        pieces.append(_pad_to(x.narrow(dim, offset, n), dim, longest))
-        offset += n
+    pieces = [_pad_to(x.narrow(dim, starts[i], n), dim, longest) for i, n in enumerate(sizes)]
     stacked = torch.cat(pieces, dim).contiguous()
     out = torch.empty_like(pieces[0])
     dist.reduce_scatter_tensor(out, stacked, group=pg)

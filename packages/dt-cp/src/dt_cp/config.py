@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, TypedDict, Unpack, get_args
 
 from dt_core.kit import SettingsStore
 
@@ -66,24 +66,31 @@ def current() -> Settings:
     return STORE.current()
 
 
-def _changes(
-    algorithm: str | None,
-    load_balancer: str | None,
-    documents: Sequence[int] | None,
-    torch_cp: str | None,
-    torch_load_balancer: object | None,
-) -> dict[str, object]:
+class Changes(TypedDict, total=False):
+    """What `configure` and `settings` take, by keyword (None keeps the current value)."""
+
+    algorithm: str | None
+    load_balancer: str | None
+    documents: Sequence[int] | None
+    torch_cp: str | None
+    torch_load_balancer: object | None
+
+
+def _changes(changes: Changes) -> dict[str, object]:
     """The store's keyword changes; a torch balancer is checked and its permutation taken."""
-    changes: dict[str, object] = {
-        "algorithm": algorithm,
-        "load_balancer": load_balancer,
-        "documents": None if documents is None else tuple(int(n) for n in documents),
-        "torch_cp": torch_cp,
-    }
-    if torch_load_balancer is not None:
-        changes["torch_load_balancer"] = torch_load_balancer
-        changes["torch_balancer_indices"] = _balancer_indices(torch_load_balancer)
-    return changes
+    unknown = sorted(set(changes) - set(Changes.__annotations__))
+    if unknown:  # the store would accept a derived field (torch_balancer_indices)
+        raise TypeError(
+            f"dt-cp: unknown settings {unknown}; known: {list(Changes.__annotations__)}"
+        )
+    out: dict[str, object] = dict(changes)
+    documents = changes.get("documents")
+    if documents is not None:
+        out["documents"] = tuple(int(n) for n in documents)
+    balancer = changes.get("torch_load_balancer")
+    if balancer is not None:
+        out["torch_balancer_indices"] = _balancer_indices(balancer)
+    return out
 
 
 def _balancer_indices(balancer: object) -> object:
@@ -104,17 +111,9 @@ def _balancer_indices(balancer: object) -> object:
         ) from error
 
 
-def configure(
-    algorithm: str | None = None,
-    load_balancer: str | None = None,
-    documents: Sequence[int] | None = None,
-    torch_cp: str | None = None,
-    torch_load_balancer: object | None = None,
-) -> Settings:
+def configure(**changes: Unpack[Changes]) -> Settings:
     """Set process-wide defaults (None keeps the current value); returns the new settings."""
-    return STORE.configure(
-        **_changes(algorithm, load_balancer, documents, torch_cp, torch_load_balancer)
-    )
+    return STORE.configure(**_changes(changes))
 
 
 def reset() -> None:
@@ -123,14 +122,7 @@ def reset() -> None:
 
 
 @contextlib.contextmanager
-def settings(
-    algorithm: str | None = None,
-    load_balancer: str | None = None,
-    documents: Sequence[int] | None = None,
-    torch_cp: str | None = None,
-    torch_load_balancer: object | None = None,
-) -> Iterator[Settings]:
+def settings(**changes: Unpack[Changes]) -> Iterator[Settings]:
     """Use these settings inside the block only."""
-    changes = _changes(algorithm, load_balancer, documents, torch_cp, torch_load_balancer)
-    with STORE.scoped(**changes) as scoped:
+    with STORE.scoped(**_changes(changes)) as scoped:
         yield scoped

@@ -20,7 +20,7 @@ from dt_core.kit import replicated, warn_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
-from .blocks import AttentionSpec, autograd_vjp
+from .blocks import KV, AttentionSpec, Saved, autograd_vjp
 from .plan import batch_head_offsets, make_plan
 from .sparsity import BlockVisibility
 
@@ -64,7 +64,7 @@ class _ContextParallelFlex(torch.autograd.Function):
         shards: Shards,
         algorithm: str,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse, _ = run_forward(algorithm, spec, shards, q, k, v)
+        out, lse, _ = run_forward(algorithm, spec, shards, q, KV(k, v))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.setup = (spec, shards, algorithm)
         ctx.mark_non_differentiable(lse)
@@ -74,8 +74,8 @@ class _ContextParallelFlex(torch.autograd.Function):
     def backward(ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
         q, k, v, out, lse = ctx.saved_tensors
         spec, shards, algorithm = ctx.setup
-        dq, dk, dv = run_backward(algorithm, spec, shards, dout.contiguous(), q, k, v, out, lse)
-        return dq, dk, dv, None, None, None
+        saved = Saved(dout.contiguous(), q, out, lse)
+        return *run_backward(algorithm, spec, shards, saved, KV(k, v)), None, None, None
 
 
 def _mods(score_mod: Any, block_mask: Any, q_len: int, kv_len: int) -> Any:

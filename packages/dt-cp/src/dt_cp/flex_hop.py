@@ -25,7 +25,7 @@ from dt_core.dtensors import as_dtensor
 from torch.distributed.tensor import DTensor
 
 from .algorithms import Shards, run_backward, run_forward
-from .blocks import AttentionSpec
+from .blocks import KV, AttentionSpec, Saved
 from .config import settings
 from .plan import batch_head_offsets, make_plan
 from .sparsity import BlockVisibility
@@ -128,9 +128,8 @@ def hop_forward(
         mask_mod_other_buffers,
     )
     with torch.no_grad():
-        out, lse, mx = run_forward(
-            plan.algorithm, spec, shards, query.to_local(), key.to_local(), value.to_local()
-        )
+        kv = KV(key.to_local(), value.to_local())
+        out, lse, mx = run_forward(plan.algorithm, spec, shards, query.to_local(), kv)
     b_, h_, n, _ = query.shape
     stats = (b_, h_, n)
     return (
@@ -181,7 +180,8 @@ def hop_backward(
     dout, q, k, v, o, lse2 = locals_
     lse = lse2.to(torch.float64 if q.dtype == torch.float64 else torch.float32) * LN2
     with torch.no_grad():
-        dq, dk, dv = run_backward(plan.algorithm, spec, shards, dout.contiguous(), q, k, v, o, lse)
+        saved = Saved(dout.contiguous(), q, o, lse)
+        dq, dk, dv = run_backward(plan.algorithm, spec, shards, saved, KV(k, v))
     wrapped = tuple(
         as_dtensor(g_.contiguous(), plan.mesh, pl, t.shape)
         for g_, t in zip((dq, dk, dv), (query, key, value), strict=True)

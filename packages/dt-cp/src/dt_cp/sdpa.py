@@ -22,7 +22,7 @@ from dt_core.kit import bind_arguments, replicated_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
-from .blocks import AttentionSpec
+from .blocks import KV, AttentionSpec, Saved
 from .plan import (
     CpPlan,
     full_mask,
@@ -121,9 +121,8 @@ def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -
     q, k, v = _qkv(a)
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
     with torch.no_grad():
-        out, lse, _ = run_forward(
-            plan.algorithm, spec, _shards(plan, q, k), q.to_local(), k.to_local(), v.to_local()
-        )
+        kv = KV(k.to_local(), v.to_local())
+        out, lse, _ = run_forward(plan.algorithm, spec, _shards(plan, q, k), q.to_local(), kv)
     b_, h_, n, _ = q.shape
     mesh, pl = plan.mesh, plan.placements
     rep = [Replicate()] * mesh.ndim
@@ -154,9 +153,11 @@ def backward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) 
     mesh, pl = plan.mesh, plan.placements
     dout, out, lse = (to_placements(a[n], mesh, pl) for n in (info.grad_arg, "out", info.lse_arg))
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
-    tensors = [_local(t) for t in (dout, q, k, v, out, lse)]
+    saved = Saved(*(_local(t) for t in (dout, q, out, lse)))
     with torch.no_grad():
-        grads = run_backward(plan.algorithm, spec, _shards(plan, q, k), *tensors)
+        grads = run_backward(
+            plan.algorithm, spec, _shards(plan, q, k), saved, KV(_local(k), _local(v))
+        )
     wrapped = tuple(
         as_dtensor(g.contiguous(), mesh, pl, t.shape) for g, t in zip(grads, (q, k, v), strict=True)
     )

@@ -12,13 +12,16 @@ said once (its values are the same; `test_sweep.py` checks the ring on real proc
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar
 
 import torch
 from dt_core.compat import local_tensor as compat
 from dt_core.dtensors import warn_once
 
 from .algorithms import Shards, gathered_backward, gathered_forward
-from .blocks import AttentionSpec
+from .blocks import KV, AttentionSpec, Grads, Saved
+
+Record = TypeVar("Record", KV, Saved)
 
 SEQ_DIM = 2
 
@@ -44,6 +47,12 @@ def _values(t: torch.Tensor, ranks: list[int]) -> dict[int, torch.Tensor]:
     return {r: t for r in ranks}
 
 
+def _per_rank(record: Record, ranks: list[int]) -> dict[int, Record]:
+    """A record (KV, Saved) of LocalTensors as one record of plain tensors per rank."""
+    fields = [_values(t, ranks) for t in record]
+    return {r: type(record)(*(f[r] for f in fields)) for r in ranks}
+
+
 def _group_of(shards: Shards, rank: int) -> tuple[int, ...]:
     """The global ranks of `rank`'s group along the sequence's mesh dim, in group order."""
     if shards.parts == 1 or shards.rank_groups is None:
@@ -54,8 +63,11 @@ def _group_of(shards: Shards, rank: int) -> tuple[int, ...]:
     raise ValueError(f"dt-cp: simulated rank {rank} is not on the mesh sharding the sequence")
 
 
-def _on_rank(spec: AttentionSpec, shards: Shards, rank: int) -> tuple[AttentionSpec, Shards]:
-    """spec and shards as `rank` sees them: its own ints and mask."""
+def _on_rank(
+    spec: AttentionSpec, shards: Shards, kvs: dict[int, KV], rank: int
+) -> tuple[AttentionSpec, Shards, KV]:
+    """spec and shards as `rank` sees them (its own ints and mask), and the K/V of every
+    rank of its group, gathered in rank order."""
     mask = spec.attn_mask
     if mask is not None and compat.is_local_tensor(mask):
         mask = compat.rank_values(mask)[rank]
@@ -66,74 +78,41 @@ def _on_rank(spec: AttentionSpec, shards: Shards, rank: int) -> tuple[AttentionS
         head_offset=int(compat.int_on_rank(spec.head_offset, rank)),
     )
     group = _group_of(shards, rank)
-    return spec, dataclasses.replace(shards, rank=group.index(rank))
-
-
-def _gathered_on_rank(
-    spec: AttentionSpec,
-    shards: Shards,
-    ks: dict[int, torch.Tensor],
-    vs: dict[int, torch.Tensor],
-    rank: int,
-) -> tuple[AttentionSpec, Shards, torch.Tensor, torch.Tensor]:
-    """Rank `rank`'s spec and shards, and the K/V its group holds, gathered in rank order."""
-    spec_r, shards_r = _on_rank(spec, shards, rank)
-    group = _group_of(shards, rank)
-    k_all = torch.cat([ks[j] for j in group], SEQ_DIM)
-    v_all = torch.cat([vs[j] for j in group], SEQ_DIM)
-    return spec_r, shards_r, k_all, v_all
+    kv_all = KV(*(torch.cat([kvs[j][i] for j in group], SEQ_DIM) for i in range(len(KV._fields))))
+    return spec, dataclasses.replace(shards, rank=group.index(rank)), kv_all
 
 
 def forward(
-    algorithm: str,
-    spec: AttentionSpec,
-    shards: Shards,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    algorithm: str, spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv: KV
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`run_forward` for every simulated rank at once (LocalTensors in, LocalTensors out)."""
     _note_ring(algorithm, shards)
     mode = compat.enabled_mode()
     ranks = compat.simulated_ranks_of(mode)
-    qs, ks, vs = (_values(t, ranks) for t in (q, k, v))
+    qs, kvs = _values(q, ranks), _per_rank(kv, ranks)
     results: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     with compat.mode_disabled(mode):
         for r in ranks:
-            spec_r, shards_r, k_all, v_all = _gathered_on_rank(spec, shards, ks, vs, r)
-            results[r] = gathered_forward(spec_r, shards_r, qs[r], k_all, v_all)
+            spec_r, shards_r, kv_all = _on_rank(spec, shards, kvs, r)
+            results[r] = gathered_forward(spec_r, shards_r, qs[r], kv_all)
     return _combine(results)
 
 
-def backward(
-    algorithm: str,
-    spec: AttentionSpec,
-    shards: Shards,
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def backward(algorithm: str, spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV) -> Grads:
     """`run_backward` for every simulated rank: dK/dV shares summed over each group."""
     _note_ring(algorithm, shards)
     mode = compat.enabled_mode()
     ranks = compat.simulated_ranks_of(mode)
-    douts, qs, ks, vs, outs, lses = (_values(t, ranks) for t in (dout, q, k, v, out, lse))
-    dq: dict[int, torch.Tensor] = {}
-    dk_all: dict[int, torch.Tensor] = {}
-    dv_all: dict[int, torch.Tensor] = {}
+    saveds, kvs = _per_rank(saved, ranks), _per_rank(kv, ranks)
     with compat.mode_disabled(mode):
+        shares: dict[int, Grads] = {}
         for r in ranks:
-            spec_r, shards_r, k_all, v_all = _gathered_on_rank(spec, shards, ks, vs, r)
-            dq[r], dk_all[r], dv_all[r] = gathered_backward(
-                spec_r, shards_r, douts[r], qs[r], k_all, v_all, outs[r], lses[r]
-            )
-        dk = {r: _reduce_scatter(dk_all, shards, r) for r in ranks}
-        dv = {r: _reduce_scatter(dv_all, shards, r) for r in ranks}
-        grads = tuple(compat.local_tensor_from(_same_strides(t)) for t in (dq, dk, dv))
-    return grads[0], grads[1], grads[2]
+            spec_r, shards_r, kv_all = _on_rank(spec, shards, kvs, r)
+            shares[r] = gathered_backward(spec_r, shards_r, saveds[r], kv_all)
+        dq = {r: shares[r].dq for r in ranks}
+        dk, dv = ({r: _reduce_scatter(shares, g, shards, r) for r in ranks} for g in ("dk", "dv"))
+        grads = (compat.local_tensor_from(_same_strides(t)) for t in (dq, dk, dv))
+        return Grads(*grads)
 
 
 def _same_strides(values: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -157,12 +136,12 @@ def _same_strides(values: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
     return padded
 
 
-def _reduce_scatter(shares: dict[int, torch.Tensor], shards: Shards, rank: int) -> torch.Tensor:
-    """`rank`'s rows of the sum of its group's gathered-sequence gradients."""
+def _reduce_scatter(shares: dict[int, Grads], name: str, shards: Shards, rank: int) -> torch.Tensor:
+    """`rank`'s rows of the sum of its group's gathered-sequence gradients `name`."""
     group = _group_of(shards, rank)
-    total = shares[group[0]].clone()
+    total = getattr(shares[group[0]], name).clone()
     for j in group[1:]:
-        total += shares[j]
+        total += getattr(shares[j], name)
     if len(group) == 1:
         return total
     sizes = shards.kv_layout.sizes()
