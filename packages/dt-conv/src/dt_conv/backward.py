@@ -13,6 +13,7 @@ import torch
 from dt_core.kit import bind_positional, replicated, warn_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
+from . import ranks
 from .channels import (
     ChannelLayout,
     bias_gradient,
@@ -20,6 +21,7 @@ from .channels import (
     grad_output_placements,
     local_groups,
     local_weight,
+    simulated_channels,
     weight_gradient,
 )
 from .fallback import target_placements
@@ -58,6 +60,10 @@ def convolution_backward_handler(
             bias_sizes,
             rest,
         )
+    unsupported = simulated_channels(x, weight, None)
+    if unsupported:
+        warn_fallback("conv", "convolution_backward", unsupported)
+        return _fallback(op_call, grad_out, x, weight, bias_sizes, rest)
     layout = channel_layout(x, weight, None, groups)
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
@@ -77,22 +83,14 @@ def convolution_backward_handler(
         w = local_weight(layout, weight, x)
         groups = local_groups(layout, groups)
         xl = x.to_local()
-        wshape = window_shape(plan.spatial, xl.shape)
-        if 0 in wshape or g.numel() == 0:
-            if mask[1]:  # nothing to compute here, but peers may need this rank's rows
-                gather_windows(plan.spatial, xl)
-            gi = xl.new_zeros(wshape) if mask[0] else None
-            gw = w.new_zeros(w.shape) if mask[1] else None
-            gb = g.sum([d for d in range(g.ndim) if d != 1]) if mask[2] else None
-            gi = _home(plan, layout, gi)
-        elif len(plan.splits) == 1 and mask[0] and mask[1]:
+        gi: torch.Tensor | None
+        if len(plan.splits) == 1 and mask[0] and mask[1] and _overlap_here(plan, xl, g):
             gi, gw, gb = _overlapped_gradients(plan, layout, g, xl, w, bias_sizes, groups, mask)
         else:
-            if mask[1]:
-                window = gather_windows(plan.spatial, xl)
-            else:  # grad_input reads only the input's shape
-                window = xl.new_zeros(()).expand(wshape)
-            gi, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, mask)
+            # peers may need this rank's rows even where it has nothing to compute
+            window = gather_windows(plan.spatial, xl) if mask[1] else None
+            args = (plan, g, xl, window, w, bias_sizes, groups, mask)
+            gi, gw, gb = ranks.each_rank(mesh, _window_gradients, *args)
             gi = _home(plan, layout, gi)
         grad_input = grad_weight = grad_bias = None
         if mask[0]:
@@ -104,6 +102,37 @@ def convolution_backward_handler(
             gb = summed(_wanted(gb), mesh, plan.reduce_mesh_dims)
             grad_bias = bias_gradient(layout, gb, bias_sizes, weight, x)
         return grad_input, grad_weight, grad_bias
+
+
+def _overlap_here(plan: ConvPlan, xl: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether this (real) rank computes while its halos travel: it has a window and an
+    output gradient. Simulated ranks take the exchange-first path (overlap is per rank)."""
+    if ranks.simulated():
+        return False
+    return 0 not in window_shape(plan.spatial, xl.shape) and g.numel() > 0
+
+
+def _window_gradients(
+    plan: ConvPlan,
+    g: torch.Tensor,
+    xl: torch.Tensor,
+    window: torch.Tensor | None,
+    w: torch.Tensor,
+    bias_sizes: object,
+    groups: int,
+    mask: list[bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """This rank's gradients over its window (per-rank code); grad_input reads only the
+    input's shape, so without `window` a zero-stride one stands in."""
+    wshape = window_shape(plan.spatial, xl.shape)
+    if 0 in wshape or g.numel() == 0:
+        gi = xl.new_zeros(wshape) if mask[0] else None
+        gw = w.new_zeros(w.shape) if mask[1] else None
+        gb = g.sum([d for d in range(g.ndim) if d != 1]) if mask[2] else None
+        return gi, gw, gb
+    if window is None:
+        window = xl.new_zeros(()).expand(wshape)
+    return _local_backward(plan, g, window, w, bias_sizes, groups, mask)
 
 
 def _local_backward(

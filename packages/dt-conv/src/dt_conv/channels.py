@@ -26,6 +26,7 @@ from typing import Any, Literal
 import torch
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
+from . import ranks
 from .geometry import chunk_range
 from .wrap import as_dtensor, like_param, replicated_local
 
@@ -114,7 +115,7 @@ def _group_layout(x: DTensor, weight: Any, groups: int) -> ChannelLayout:
         c, d = chunk_range(cout, parts, r)
         if a % per_in or b % per_in or (c, d) != (a // per_in * per_out, b // per_in * per_out):
             return NONE
-    a, b = chunk_range(cin, parts, x.device_mesh.get_local_rank(m))
+    a, b = chunk_range(cin, parts, ranks.local_rank(x.device_mesh, m))
     return ChannelLayout("group", m, (b - a) // per_in)
 
 
@@ -211,4 +212,19 @@ def _from_chunks(
 
 
 def _coord(x: DTensor, layout: ChannelLayout) -> int:
-    return x.device_mesh.get_local_rank(layout.mesh_dim)
+    return ranks.local_rank(x.device_mesh, layout.mesh_dim)
+
+
+def simulated_channels(x: object, weight: object, bias: object) -> str | None:
+    """Why this conv falls back under LocalTensorMode, if it does: the channel layouts
+    slice weights by rank at the mode's level, which per-rank integers cannot do yet."""
+    if not ranks.simulated() or not isinstance(x, DTensor):
+        return None
+    tensors = [t for t in (x, weight, bias) if isinstance(t, DTensor)]
+    if any(
+        isinstance(p, Shard) and (t is not x or p.dim % t.ndim == 1)
+        for t in tensors
+        for p in t.placements
+    ):
+        return "channel-sharded convolution under LocalTensorMode"
+    return None

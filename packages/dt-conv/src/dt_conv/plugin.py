@@ -79,6 +79,10 @@ def _outside_dynamo(fn: Callable[..., object]) -> Callable[..., object]:
     return call
 
 
+def _ranks() -> Any:
+    return importlib.import_module("dt_conv.ranks")
+
+
 def _lazy(target: str) -> Callable[..., object]:
     module, name = target.split(":")
 
@@ -86,7 +90,7 @@ def _lazy(target: str) -> Callable[..., object]:
         validate = importlib.import_module("dt_conv.validate")
         if "backward" not in op_call.__name__:  # backward runs only after forward passed
             validate.raise_like_torch(op_call, args, kwargs)
-        if validate.simulated_ranks(args, kwargs):
+        if validate.simulated_ranks(args, kwargs) and not _ranks().simulated():
             from dt_conv.fallback import replicated_op
 
             return replicated_op(str(op_call), op_call, args, kwargs)

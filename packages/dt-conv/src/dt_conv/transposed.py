@@ -12,10 +12,12 @@ that split the input (each output row is owned by exactly one rank).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
+from . import ranks
 from .geometry import DimSplit, Transposed, expand
 from .halo import scatter_add_window
 from .plan import SpatialPlan, Splitter, plan_spatial
@@ -178,14 +180,26 @@ def forward(
     w, b = replicated_local(weight), replicated_local(bias)
     with torch.no_grad():
         window = gather_windows(sp, x.to_local())
-        shape = _owned_shape(plan, window)
-        if window.numel() == 0 or 0 in shape:
-            out = window.new_zeros(shape)
-        else:
-            out = _crop(plan, _local_conv(plan, window, w, groups))
-        if b is not None:
-            out = out + b.reshape(1, -1, *([1] * (out.ndim - 2)))
-    return as_dtensor(out.contiguous(), sp.mesh, sp.placements, sp.out_shape)
+        out = ranks.each_rank(sp.mesh, _forward_block, plan, window, w, b, groups)
+    return as_dtensor(out, sp.mesh, sp.placements, sp.out_shape)
+
+
+def _forward_block(
+    plan: TransposedPlan,
+    window: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    groups: int,
+) -> torch.Tensor:
+    """This rank's owned output rows from its window (per-rank code)."""
+    shape = _owned_shape(plan, window)
+    if window.numel() == 0 or 0 in shape:
+        out = window.new_zeros(shape)
+    else:
+        out = _crop(plan, _local_conv(plan, window, w, groups))
+    if b is not None:
+        out = out + b.reshape(1, -1, *([1] * (out.ndim - 2)))
+    return out.contiguous()
 
 
 def backward(
@@ -203,38 +217,55 @@ def backward(
     w = replicated_local(weight)
     with torch.no_grad():
         xl = x.to_local()
-        if mask[1]:
-            window = gather_windows(sp, xl)
-        else:  # grad_input reads only the input's shape
-            window = xl.new_zeros(window_shape(sp, xl.shape))
-        gi = gw = None
-        if window.numel() and g.numel() and (mask[0] or mask[1]):
-            full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
-            gi, gw, _ = aten.convolution_backward(
-                full,
-                window,
-                w,
-                None,
-                plan.stride,
-                plan.local_padding,
-                plan.dilation,
-                True,
-                plan.local_out_pad,
-                groups,
-                [mask[0], mask[1], False],
-            )
+        window = gather_windows(sp, xl) if mask[1] else None
+        gi, gw, gb = ranks.each_rank(mesh, _window_gradients, plan, g, xl, window, w, groups, mask)
         grad_input = grad_weight = grad_bias = None
         if mask[0]:
-            gi = gi if gi is not None else window.new_zeros(window.shape)
             for split in reversed(sp.splits):
                 gi = scatter_add_window(gi, split, mesh)
             grad_input = as_dtensor(gi, mesh, sp.placements, x.shape)
         if mask[1]:
-            gw = gw if gw is not None else w.new_zeros(w.shape)
             grad_weight = like_param(summed(gw, mesh, plan.reduce_mesh_dims), mesh, weight)
         if mask[2]:
-            dims = [d for d in range(g.ndim) if d != 1]
-            gb = g.sum(dims) if g.numel() else g.new_zeros(g.shape[1])
             full_b = summed(gb, mesh, plan.reduce_mesh_dims)
             grad_bias = as_dtensor(full_b, mesh, [Replicate()] * mesh.ndim, full_b.shape)
     return grad_input, grad_weight, grad_bias
+
+
+def _window_gradients(
+    plan: TransposedPlan,
+    g: torch.Tensor,
+    xl: torch.Tensor,
+    window: torch.Tensor | None,
+    w: torch.Tensor,
+    groups: int,
+    mask: Sequence[bool],
+) -> tuple[Any, Any, Any]:
+    """This rank's (window input gradient, weight gradient, bias gradient), each a tensor
+    where `mask` asks for it, else None (per-rank code). grad_input reads only the
+    input's shape, so without `window` a zero one stands in."""
+    if window is None:
+        window = xl.new_zeros(window_shape(plan.spatial, xl.shape))
+    gi = gw = None
+    if window.numel() and g.numel() and (mask[0] or mask[1]):
+        full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
+        gi, gw, _ = aten.convolution_backward(
+            full,
+            window,
+            w,
+            None,
+            plan.stride,
+            plan.local_padding,
+            plan.dilation,
+            True,
+            plan.local_out_pad,
+            groups,
+            [mask[0], mask[1], False],
+        )
+    gb = None
+    if mask[2]:
+        dims = [d for d in range(g.ndim) if d != 1]
+        gb = g.sum(dims) if g.numel() else g.new_zeros(g.shape[1])
+    gi = (gi if gi is not None else window.new_zeros(window.shape)) if mask[0] else None
+    gw = (gw if gw is not None else w.new_zeros(w.shape)) if mask[1] else None
+    return gi, gw, gb
