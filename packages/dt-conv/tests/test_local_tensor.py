@@ -27,32 +27,49 @@ def _fallbacks(caught: list[warnings.WarningMessage]) -> list[str]:
     return sorted({str(w.message) for w in caught if issubclass(w.category, FallbackWarning)})
 
 
-def compare(
-    world: int,
-    mesh_shape: Sequence[int],
-    placements: Sequence[Any],
-    fn: Op,
-    x: torch.Tensor,
-    params: Sequence[torch.Tensor] = (),
-    keep: bool = True,
-    name: str = "",
-) -> str | None:
-    """`fn(x, *params)` with `x` sharded over `world` simulated ranks (parameters
-    replicated) against plain torch: a description of the first mismatch, else None."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, distribute_tensor
+class SimulatedWorld:
+    """`world` ranks simulated in this process on one mesh, kept open for many cases (the
+    mode caches each rank's mesh coordinates). References run with the mode disabled."""
 
-    case = f"{name} world={world} mesh={tuple(mesh_shape)} {list(placements)} x{tuple(x.shape)}"
-    ref = [t.clone().requires_grad_() for t in (x, *params)]
-    out_ref = fn(*ref)
-    extra_ref = out_ref[1:] if isinstance(out_ref, tuple) else ()
-    y_ref = out_ref[0] if isinstance(out_ref, tuple) else out_ref
-    gen = torch.Generator().manual_seed(x.numel())
-    g = torch.randn(y_ref.shape, generator=gen, dtype=y_ref.dtype)
-    (y_ref * g).sum().backward()
-    want = [y_ref.detach(), *(t.grad for t in ref)]
-    with simulated_ranks(world):
-        mesh = init_device_mesh("cpu", tuple(mesh_shape))
+    def __init__(self, world: int, mesh_shape: Sequence[int]) -> None:
+        self.world, self.mesh_shape = world, tuple(mesh_shape)
+
+    def __enter__(self) -> SimulatedWorld:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self._ranks = simulated_ranks(self.world)
+        self.mode = self._ranks.__enter__()
+        self.mesh = init_device_mesh("cpu", self.mesh_shape)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ranks.__exit__(*exc)
+
+    def compare(
+        self,
+        placements: Sequence[Any],
+        fn: Op,
+        x: torch.Tensor,
+        params: Sequence[torch.Tensor] = (),
+        keep: bool = True,
+        name: str = "",
+    ) -> str | None:
+        """`fn(x, *params)` with `x` sharded (parameters replicated) against plain torch:
+        every simulated rank's shard of the output and of each gradient must be the
+        matching shard of the unsharded result; a description of the first mismatch."""
+        from torch.distributed.tensor import Replicate, distribute_tensor
+
+        mesh, world = self.mesh, self.world
+        case = f"{name} world={world} mesh={self.mesh_shape} {list(placements)} x{tuple(x.shape)}"
+        with self.mode.disable():
+            ref = [t.clone().requires_grad_() for t in (x, *params)]
+            out_ref = fn(*ref)
+            extra_ref = out_ref[1:] if isinstance(out_ref, tuple) else ()
+            y_ref = out_ref[0] if isinstance(out_ref, tuple) else out_ref
+            gen = torch.Generator().manual_seed(x.numel())
+            g = torch.randn(y_ref.shape, generator=gen, dtype=y_ref.dtype)
+            (y_ref * g).sum().backward()
+        want = [y_ref.detach(), *(t.grad for t in ref)]
         rep = [Replicate()] * mesh.ndim
         xd = distribute_tensor(x, mesh, list(placements)).requires_grad_()
         pd = [distribute_tensor(p, mesh, rep).requires_grad_() for p in params]
@@ -62,28 +79,44 @@ def compare(
         if keep and tuple(y.placements) != tuple(placements):
             return f"output placements {tuple(y.placements)}: {case}"
         (y * distribute_tensor(g, mesh, list(y.placements))).sum().backward()
-        got = [y.full_tensor(), *(t.grad.full_tensor() for t in (xd, *pd))]
-        got_extra = [t.full_tensor() for t in extra]
-    labels = ["out", "grad_input", *(f"grad_param{i}" for i in range(len(params)))]
-    for label, value, expected in zip(labels, got, want, strict=True):
-        for rank, a in enumerate(rank_values(value, world)):
-            if a.shape != expected.shape or not torch.allclose(a, expected, atol=1e-10):
-                return f"{label} differs on rank {rank}: {case}"
-    for value, expected in zip(got_extra, extra_ref, strict=True):
-        for rank, a in enumerate(rank_values(value, world)):
-            if not torch.equal(a, expected):
-                return f"indices differ on rank {rank}: {case}"
-    return None
+        got = [y, *(t.grad for t in (xd, *pd))]
+        labels = ["out", "grad_input", *(f"grad_param{i}" for i in range(len(params)))]
+        for label, value, expected in zip(labels, got, want, strict=True):
+            if value is None or value.shape != expected.shape:
+                return f"{label} missing or of shape {getattr(value, 'shape', None)}: {case}"
+            shards = distribute_tensor(expected, mesh, list(value.placements)).to_local()
+            for rank, (a, e) in enumerate(
+                zip(rank_values(value.to_local(), world), rank_values(shards, world), strict=True)
+            ):
+                if a.shape != e.shape or not torch.allclose(a, e, atol=1e-10):
+                    return f"{label} differs on rank {rank}: {case}"
+        for value, expected in zip(extra, extra_ref, strict=True):
+            shards = distribute_tensor(expected, mesh, list(value.placements)).to_local()
+            for rank, (a, e) in enumerate(
+                zip(rank_values(value.to_local(), world), rank_values(shards, world), strict=True)
+            ):
+                if not torch.equal(a, e):
+                    return f"indices differ on rank {rank}: {case}"
+        return None
 
 
 def run_cases(cases: list[tuple]) -> None:
-    """Every case exact, and none of them fell back (dt-conv's FallbackWarning)."""
+    """Every case exact, and none of them fell back (dt-conv's FallbackWarning). Cases
+    are (world, mesh shape, placements, fn, x, params, keep, name); one world per mesh."""
     from dt_conv.fallback import reset_warnings
 
     reset_warnings()
+    failures: list[str] = []
+    meshes = sorted({(c[0], tuple(c[1])) for c in cases})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        failures = [f for c in cases if (f := compare(*c)) is not None]
+        for world, mesh_shape in meshes:
+            with SimulatedWorld(world, mesh_shape) as sim:
+                for c in cases:
+                    if (c[0], tuple(c[1])) == (world, mesh_shape):
+                        failure = sim.compare(*c[2:])
+                        if failure is not None:
+                            failures.append(failure)
     assert not _fallbacks(caught), _fallbacks(caught)
     assert not failures, f"{len(failures)}/{len(cases)} cases wrong:\n" + "\n".join(failures)
 
@@ -304,15 +337,16 @@ def test_wrong_arguments_raise_torchs_error_under_the_mode() -> None:
 # ---- property sweep -------------------------------------------------------------------
 
 
-def _mesh_and_placements(data: Any, ndim: int, op_dims: list[int]) -> tuple:
-    """A world of 2-8 ranks as a 1-D or 2-D mesh, each mesh dim replicating or sharding
-    the batch or one of the op's dims (never one tensor dim twice)."""
+# 1-D and 2-D meshes of 2-8 simulated ranks, odd sizes included
+MESHES = [(2,), (3,), (4,), (2, 2), (5,), (6,), (2, 3), (7,), (8,), (4, 2)]
+
+
+def _placements(data: Any, mesh_shape: tuple, op_dims: list[int]) -> list:
+    """Each mesh dim replicates or shards the batch or one of the op's dims (never one
+    tensor dim twice), at least one of the op's dims sharded."""
     from hypothesis import strategies as st
     from torch.distributed.tensor import Replicate, Shard
 
-    world = data.draw(st.integers(2, 8), label="world")
-    shapes = [(world,)] + [(a, world // a) for a in range(2, world) if world % a == 0]
-    mesh_shape = data.draw(st.sampled_from(shapes), label="mesh")
     placements: list[Any] = []
     free = [0, *op_dims]
     for _ in mesh_shape:
@@ -322,9 +356,11 @@ def _mesh_and_placements(data: Any, ndim: int, op_dims: list[int]) -> tuple:
         else:
             free.remove(choice)
             placements.append(Shard(choice))
-    if all(isinstance(p, Replicate) for p in placements):  # shard something on the op's dims
-        placements[0] = Shard(op_dims[0])
-    return world, mesh_shape, placements
+    if not any(isinstance(p, Shard) and p.dim in op_dims for p in placements):
+        i = next((i for i, p in enumerate(placements) if isinstance(p, Replicate)), 0)
+        taken = {p.dim for p in placements if isinstance(p, Shard)}
+        placements[i] = Shard(next(d for d in op_dims if d not in taken))
+    return placements
 
 
 def _draw_case(data: Any) -> tuple:
@@ -418,39 +454,46 @@ def _draw_case(data: Any) -> tuple:
     return x, params, fn, name, n
 
 
-def test_random_configurations_property() -> None:
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+def test_random_configurations_property(mesh_shape: tuple) -> None:
     """Hypothesis over op kinds, shapes (tiny, uneven and empty shards), kernel, stride,
-    dilation, padding, groups, interpolation sizes and modes, pad modes, world sizes 2-8
-    and 1-D / 2-D meshes with random placements: exact and never falling back."""
+    dilation, padding, groups, interpolation sizes and modes, pad modes and placements,
+    on each mesh of 2-8 simulated ranks: exact and never falling back."""
+    from dt_conv.fallback import reset_warnings
     from hypothesis import HealthCheck, assume, given, settings
     from hypothesis import strategies as st
 
     failures: list[str] = []
+    world = 1
+    for n in mesh_shape:
+        world *= n
 
-    @settings(
-        max_examples=300,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(st.data())
-    def sweep(data: Any) -> None:
-        x, params, fn, name, n = _draw_case(data)
-        try:
-            fn(x, *params)
-        except RuntimeError:  # torch rejects it unsharded: nothing to compare with
-            assume(False)
-        world, mesh_shape, placements = _mesh_and_placements(data, x.ndim, list(range(2, 2 + n)))
-        from dt_conv.fallback import reset_warnings
+    with SimulatedWorld(world, mesh_shape) as sim:
 
-        reset_warnings()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            failure = compare(world, mesh_shape, placements, fn, x, params, True, name)
-        if _fallbacks(caught):
-            failure = f"fell back {_fallbacks(caught)}: {name}"
-        if failure is not None:
-            failures.append(failure)
+        @settings(
+            max_examples=40,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(st.data())
+        def sweep(data: Any) -> None:
+            with sim.mode.disable():  # plain tensors: factories under the mode go per rank
+                x, params, fn, name, n = _draw_case(data)
+                try:
+                    fn(x, *params)
+                except RuntimeError:  # torch rejects it unsharded: nothing to compare with
+                    assume(False)
+            placements = _placements(data, mesh_shape, list(range(2, 2 + n)))
+            reset_warnings()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                failure = sim.compare(placements, fn, x, params, True, name)
+            if _fallbacks(caught):
+                failure = f"fell back {_fallbacks(caught)}: {name}"
+            if failure is not None:
+                failures.append(failure)
 
-    sweep()
+        sweep()
     assert not failures, f"{len(failures)} cases wrong:\n" + "\n".join(failures[:20])
