@@ -53,10 +53,12 @@ class SimulatedWorld:
         params: Sequence[torch.Tensor] = (),
         keep: bool = True,
         name: str = "",
+        param_placements: Sequence[Sequence[Any]] | None = None,
     ) -> str | None:
-        """`fn(x, *params)` with `x` sharded (parameters replicated) against plain torch:
-        every simulated rank's shard of the output and of each gradient must be the
-        matching shard of the unsharded result; a description of the first mismatch."""
+        """`fn(x, *params)` with `x` sharded (parameters replicated, or as given) against
+        plain torch: every simulated rank's shard of the output (partial sums reduced)
+        and of each gradient must be the matching shard of the unsharded result; a
+        description of the first mismatch."""
         from torch.distributed.tensor import Replicate, distribute_tensor
 
         mesh, world = self.mesh, self.world
@@ -72,10 +74,16 @@ class SimulatedWorld:
         want = [y_ref.detach(), *(t.grad for t in ref)]
         rep = [Replicate()] * mesh.ndim
         xd = distribute_tensor(x, mesh, list(placements)).requires_grad_()
-        pd = [distribute_tensor(p, mesh, rep).requires_grad_() for p in params]
+        layouts = param_placements or [rep] * len(params)
+        pd = [
+            distribute_tensor(p, mesh, list(pl)).requires_grad_()
+            for p, pl in zip(params, layouts, strict=True)
+        ]
         out = fn(xd, *pd)
         extra = out[1:] if isinstance(out, tuple) else ()
         y = out[0] if isinstance(out, tuple) else out
+        if any(p.is_partial() for p in y.placements):  # a sum over ranks: reduce, as users do
+            y = y.redistribute(mesh, [Replicate() if p.is_partial() else p for p in y.placements])
         if keep and tuple(y.placements) != tuple(placements):
             return f"output placements {tuple(y.placements)}: {case}"
         (y * distribute_tensor(g, mesh, list(y.placements))).sum().backward()
@@ -114,7 +122,7 @@ def run_cases(cases: list[tuple]) -> None:
             with SimulatedWorld(world, mesh_shape) as sim:
                 for c in cases:
                     if (c[0], tuple(c[1])) == (world, mesh_shape):
-                        failure = sim.compare(*c[2:])
+                        failure = sim.compare(*c[2:8], param_placements=(c[8:] or [None])[0])
                         if failure is not None:
                             failures.append(failure)
     assert not _fallbacks(caught), _fallbacks(caught)
@@ -295,28 +303,43 @@ def test_a_layer_chain_under_local_tensor_mode() -> None:
     run_cases([(2, (2,), [Shard(2)], layer, x, [w], True, "chain")])
 
 
-def test_channel_sharded_convs_fall_back_exactly_with_one_warning_naming_the_op() -> None:
-    """Channel layouts slice weights by rank, which LocalTensorMode's per-rank integers
-    cannot do at the mode's level: replicated, exact, one warning naming the op."""
-    from dt_conv.fallback import reset_warnings
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+def test_channel_sharded_convs_stay_sharded_under_the_mode() -> None:
+    """The three channel layouts (output channels, input channels with partial sums,
+    whole groups incl. depthwise) with uneven chunks: exact, weights never gathered."""
+    from torch.distributed.tensor import Replicate, Shard
 
-    x, w = randn(1, 4, 6, 5), randn(4, 4, 3, 3, seed=1)
-    ref = F.conv2d(x, w, padding=1)
-    reset_warnings()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with simulated_ranks(2):
-            mesh = init_device_mesh("cpu", (2,))
-            xd = distribute_tensor(x, mesh, [Replicate()])
-            wd = distribute_tensor(w, mesh, [Shard(0)])
-            y = F.conv2d(xd, wd, padding=1).full_tensor()
-    for a in rank_values(y, 2):
-        torch.testing.assert_close(a, ref)
-    fell_back = _fallbacks(caught)
-    assert len(fell_back) == 1 and "convolution" in fell_back[0], fell_back
-    assert "LocalTensorMode" in fell_back[0]
+    x, w = randn(2, 4, 6, 5), randn(5, 4, 3, 3, seed=1)
+    b = randn(5, seed=2)
+    conv = _conv(padding=1)
+    cases = []
+    for world, mesh_shape, x_pl, w_pl, b_pl, name in [
+        (3, (3,), [Replicate()], [Shard(0)], [Shard(0)], "out channels"),
+        (3, (3,), [Shard(1)], [Shard(1)], [Replicate()], "in channels, partial sums"),
+        (2, (2,), [Shard(1)], [Replicate()], [Replicate()], "in channels, sliced weight"),
+        (4, (2, 2), [Shard(2), Shard(1)], [Replicate(), Shard(1)], [Replicate()] * 2, "in x H"),
+        (
+            4,
+            (2, 2),
+            [Replicate(), Shard(3)],
+            [Shard(0), Replicate()],
+            [Shard(0), Replicate()],
+            "out x W",
+        ),
+    ]:
+        # output channels come out Shard(1), input channels as partial sums
+        cases.append((world, mesh_shape, x_pl, conv, x, [w, b], False, name, [w_pl, b_pl]))
+    xg, wg, bg = randn(1, 6, 7, 4), randn(6, 2, 3, 3, seed=3), randn(6, seed=4)
+    grouped = _conv(groups=3, padding=1)
+    depthwise = _conv(groups=6, padding=(1, 0))
+    wd, bd = randn(6, 1, 3, 2, seed=5), randn(6, seed=6)
+    for world, mesh_shape, x_pl, w_pl, b_pl in [
+        (3, (3,), [Shard(1)], [Shard(0)], [Shard(0)]),
+        (6, (3, 2), [Shard(1), Shard(2)], [Shard(0), Replicate()], [Shard(0), Replicate()]),
+    ]:
+        cases.append((world, mesh_shape, x_pl, grouped, xg, [wg, bg], True, "groups", [w_pl, b_pl]))
+    cases.append((3, (3,), [Shard(1)], depthwise, xg, [wd, bd], True, "depthwise", None))
+    cases.append((6, (2, 3), [Shard(1), Shard(3)], depthwise, xg, [wd, bd], True, "dw 2x3", None))
+    run_cases(cases)
 
 
 def test_wrong_arguments_raise_torchs_error_under_the_mode() -> None:

@@ -18,7 +18,6 @@ from .channels import (
     local_groups,
     local_weight,
     output_placements,
-    simulated_channels,
 )
 from .fallback import target_placements
 from .geometry import Affine
@@ -57,10 +56,6 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
             return tr.forward(tplan, x, weight, bias, groups)
         warn_fallback("conv", "convolution", f"transposed convolution: {tplan}")
         return _fallback(op_call, x, weight, bias, rest)
-    unsupported = simulated_channels(x, weight, bias)
-    if unsupported:
-        warn_fallback("conv", "convolution", unsupported)
-        return _fallback(op_call, x, weight, bias, rest)
     layout = channel_layout(x, weight, bias, groups)
     plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
@@ -69,7 +64,7 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
             return _fallback(op_call, x, weight, bias, rest)
         w, b = local_weight(layout, weight, x), local_bias(layout, bias, weight, x)
         placements = output_placements(layout, plan.placements)
-        groups = local_groups(layout, groups)
+        groups = local_groups(layout, groups, x)
         if not ranks.simulated():  # overlap is for real ranks: their choice is per rank
             overlapped = _same_conv_overlapped(plan, x.to_local(), w, b, groups)
             if overlapped is None:
