@@ -414,11 +414,61 @@ def _placements(data: Any, mesh_shape: tuple, op_dims: list[int]) -> list:
     return placements
 
 
+def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
+    """torch.chunk's rows per rank, as `Shard` lays them out (trailing chunks empty)."""
+    step = -(-n // parts)
+    return [(min(i * step, n), min(i * step + step, n)) for i in range(parts)]
+
+
+def _channel_layout(
+    data: Any, placements: list, params: list, name: str, mesh_shape: tuple
+) -> tuple[list, list]:
+    """One mesh dim re-purposed for a channel layout (output channels: weight and bias
+    `Shard(0)` under a replicated input; input channels: input `Shard(1)`, weight
+    `Shard(1)` or replicated; groups: input `Shard(1)`, weight `Shard(0)` or replicated);
+    the other mesh dims keep their placements. A layout the chunks would not fit falls
+    back (the sweep counts that as a failure), so grouped convs whose filter chunks do
+    not line up with their channel chunks stay unchanged."""
+    from hypothesis import strategies as st
+    from torch.distributed.tensor import Replicate, Shard
+
+    rep = [Replicate()] * len(placements)
+    m = data.draw(st.integers(0, len(placements) - 1), label="channel mesh dim")
+    groups, cout = _groups_of(name), params[0].shape[0]
+    if groups > 1:  # depthwise here: one input channel per group
+        per_out = cout // groups
+        cin_chunks, out_chunks = _chunks(groups, mesh_shape[m]), _chunks(cout, mesh_shape[m])
+        if any(
+            (c, d) != (a * per_out, b * per_out) for (a, b), (c, d) in zip(cin_chunks, out_chunks)
+        ):
+            return placements, [rep] * len(params)
+    kind = data.draw(st.sampled_from(["group"] if groups > 1 else ["out", "in"]), label="layout")
+    placements = list(placements)
+    w_pl: list[Any] = list(rep)
+    b_pl: list[Any] = list(rep)
+    if kind == "out":
+        placements[m] = Replicate()
+        w_pl[m] = b_pl[m] = Shard(0)
+    elif kind == "in":
+        placements[m] = Shard(1)
+        w_pl[m] = data.draw(st.sampled_from([Shard(1), Replicate()]))
+    else:
+        placements[m] = Shard(1)
+        w_pl[m] = b_pl[m] = data.draw(st.sampled_from([Shard(0), Replicate()]))
+    return placements, [w_pl, b_pl][: len(params)]
+
+
+def _groups_of(name: str) -> int:
+    return int(name.split("'groups': ")[1].split("}")[0].split(",")[0])
+
+
 def _draw_case(data: Any) -> tuple:
     from hypothesis import strategies as st
 
     kind = data.draw(
-        st.sampled_from(["conv", "conv_t", "max_pool", "avg_pool", "interpolate", "pad"]),
+        st.sampled_from(
+            ["conv", "conv_channels", "conv_t", "max_pool", "avg_pool", "interpolate", "pad"]
+        ),
         label="kind",
     )
     n = data.draw(st.integers(1, 3), label="spatial dims")
@@ -428,11 +478,11 @@ def _draw_case(data: Any) -> tuple:
     x = randn(batch, cin, *sizes, seed=data.draw(st.integers(0, 99)))
     ints = lambda lo, hi: [data.draw(st.integers(lo, hi)) for _ in range(n)]  # noqa: E731
     params: list[torch.Tensor] = []
-    if kind in ("conv", "conv_t"):
+    if kind in ("conv", "conv_channels", "conv_t"):
         groups = data.draw(st.sampled_from([1, cin]))
         per_out = data.draw(st.integers(1, 2))
         kernel, dilation = ints(1, 4), ints(1, 2)
-        if kind == "conv":
+        if kind != "conv_t":
             stride = ints(1, 3)
             if all(s == 1 for s in stride) and data.draw(st.booleans(), label="same"):
                 padding: Any = "same"
@@ -456,7 +506,7 @@ def _draw_case(data: Any) -> tuple:
             fn = _conv_t(**kw)
         params = [w]
         if data.draw(st.booleans(), label="bias"):
-            params.append(randn(w.shape[0] if kind == "conv" else w.shape[1] * groups, seed=2))
+            params.append(randn(w.shape[1] * groups if kind == "conv_t" else w.shape[0], seed=2))
             name = f"{kind} {kw} bias"
         else:
             fn = (lambda f: lambda x, w: f(x, w, None))(fn)
@@ -537,10 +587,15 @@ def test_random_configurations_property(mesh_shape: tuple) -> None:
                 except RuntimeError:  # torch rejects it unsharded: nothing to compare with
                     assume(False)
             placements = _placements(data, mesh_shape, list(range(2, 2 + n)))
+            layouts, keep = None, True
+            if name.startswith("conv_channels"):
+                placements, layouts = _channel_layout(data, placements, params, name, mesh_shape)
+                keep = False  # output channels come out Shard(1), input channels partial
+                name = f"{name} channels {placements} {layouts}"
             reset_warnings()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                failure = sim.compare(placements, fn, x, params, True, name)
+                failure = sim.compare(placements, fn, x, params, keep, name, layouts)
             if _fallbacks(caught):
                 failure = f"fell back {_fallbacks(caught)}: {name}"
             if failure is not None:
