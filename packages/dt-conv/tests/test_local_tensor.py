@@ -40,7 +40,36 @@ class SimulatedWorld:
         self._ranks = simulated_ranks(self.world)
         self.mode = self._ranks.__enter__()
         self.mesh = init_device_mesh("cpu", self.mesh_shape)
+        from dt_core.compat.local_tensor import int_on_rank
+
+        local = [self.mesh.get_local_rank(d) for d in range(self.mesh.ndim)]
+        self.coords = [tuple(int_on_rank(c, r) for c in local) for r in range(self.world)]
         return self
+
+    def shards(self, t: torch.Tensor, placements: Sequence[Any]) -> list[torch.Tensor]:
+        """What each rank holds of `t` laid out by `placements`: `Shard`'s chunk rule
+        (torch.chunk, trailing shards empty), read off mesh coordinates, no collective."""
+        out = []
+        for coord in self.coords:
+            local = t
+            for d, p in enumerate(placements):
+                if p.is_shard():
+                    chunks = local.chunk(self.mesh_shape[d], p.dim)
+                    k = coord[d]
+                    local = chunks[k] if k < len(chunks) else local.narrow(p.dim, 0, 0)
+            out.append(local)
+        return out
+
+    def distribute(self, t: torch.Tensor, placements: Sequence[Any]) -> Any:
+        """`distribute_tensor` without its scatter: each simulated rank's shard directly."""
+        from torch.distributed.tensor import DTensor
+
+        shards = self.shards(t.detach(), placements)
+        local = self.mode.rank_map(lambda r: shards[r].clone())
+        shape, stride = t.shape, t.stride()
+        return DTensor.from_local(
+            local, self.mesh, list(placements), run_check=False, shape=shape, stride=stride
+        )
 
     def __exit__(self, *exc: object) -> None:
         self._ranks.__exit__(*exc)
@@ -59,7 +88,7 @@ class SimulatedWorld:
         plain torch: every simulated rank's shard of the output (partial sums reduced)
         and of each gradient must be the matching shard of the unsharded result; a
         description of the first mismatch."""
-        from torch.distributed.tensor import Replicate, distribute_tensor
+        from torch.distributed.tensor import Replicate
 
         mesh, world = self.mesh, self.world
         case = f"{name} world={world} mesh={self.mesh_shape} {list(placements)} x{tuple(x.shape)}"
@@ -73,11 +102,10 @@ class SimulatedWorld:
             (y_ref * g).sum().backward()
         want = [y_ref.detach(), *(t.grad for t in ref)]
         rep = [Replicate()] * mesh.ndim
-        xd = distribute_tensor(x, mesh, list(placements)).requires_grad_()
+        xd = self.distribute(x, placements).requires_grad_()
         layouts = param_placements or [rep] * len(params)
         pd = [
-            distribute_tensor(p, mesh, list(pl)).requires_grad_()
-            for p, pl in zip(params, layouts, strict=True)
+            self.distribute(p, pl).requires_grad_() for p, pl in zip(params, layouts, strict=True)
         ]
         out = fn(xd, *pd)
         extra = out[1:] if isinstance(out, tuple) else ()
@@ -86,22 +114,22 @@ class SimulatedWorld:
             y = y.redistribute(mesh, [Replicate() if p.is_partial() else p for p in y.placements])
         if keep and tuple(y.placements) != tuple(placements):
             return f"output placements {tuple(y.placements)}: {case}"
-        (y * distribute_tensor(g, mesh, list(y.placements))).sum().backward()
+        (y * self.distribute(g, y.placements)).sum().backward()
         got = [y, *(t.grad for t in (xd, *pd))]
         labels = ["out", "grad_input", *(f"grad_param{i}" for i in range(len(params)))]
         for label, value, expected in zip(labels, got, want, strict=True):
             if value is None or value.shape != expected.shape:
                 return f"{label} missing or of shape {getattr(value, 'shape', None)}: {case}"
-            shards = distribute_tensor(expected, mesh, list(value.placements)).to_local()
+            shards = self.shards(expected, value.placements)
             for rank, (a, e) in enumerate(
-                zip(rank_values(value.to_local(), world), rank_values(shards, world), strict=True)
+                zip(rank_values(value.to_local(), world), shards, strict=True)
             ):
                 if a.shape != e.shape or not torch.allclose(a, e, atol=1e-10):
                     return f"{label} differs on rank {rank}: {case}"
         for value, expected in zip(extra, extra_ref, strict=True):
-            shards = distribute_tensor(expected, mesh, list(value.placements)).to_local()
+            shards = self.shards(expected, value.placements)
             for rank, (a, e) in enumerate(
-                zip(rank_values(value.to_local(), world), rank_values(shards, world), strict=True)
+                zip(rank_values(value.to_local(), world), shards, strict=True)
             ):
                 if not torch.equal(a, e):
                     return f"indices differ on rank {rank}: {case}"
