@@ -203,9 +203,9 @@ _WAIT = re.compile(r"_c10d_functional\.wait_tensor\.default\((\w+)\)")
 
 def _inductor_lines(check: Callable[..., None], *args: Any) -> list[str]:
     """Inductor's code (forward and backward) for `check(*args, backend="inductor")`."""
-    from dt_core.compat.tracing import inductor_code
+    from dt_core.testing.compiled import run_and_get_code
 
-    _, codes = inductor_code(lambda: check(*args, backend="inductor"))
+    _, codes = run_and_get_code(lambda: check(*args, backend="inductor"))
     return _code_lines(codes)
 
 
@@ -247,23 +247,6 @@ def test_compiled_code_waits_for_the_halo_after_the_interior_conv() -> None:
     wait = _first(lines, "_c10d_functional.wait_tensor.default(", start)
     seam = _first(lines, "extern_kernels.convolution(", wait)
     assert start < interior < wait < seam, "\n".join(lines[start : seam + 1])
-
-
-def test_local_tensor_mode_is_eager_and_exact() -> None:
-    """torch's LocalTensorMode (every rank simulated in one process) is eager, not
-    tracing: dt-conv computes there too (replicated, exact, with its warning) instead of
-    refusing. Runs in a fresh process: it needs torch's fake process group."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).with_name("local_tensor_mode_run.py")
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "LOCAL_TENSOR_MODE_EXACT" in done.stdout
-    assert "ranks simulated in one process" in done.stderr
 
 
 @pytest.mark.ranks(2, timeout=600)

@@ -7,13 +7,15 @@ the mesh dims that split the input. Only gradients in `output_mask` are computed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 import torch
 from dt_core.dtensors import as_dtensor
 from dt_core.kit import bind_positional, replicated_fallback
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
+from . import ranks
 from .backward_overlap import overlapped_gradients
 from .channels import (
     ChannelLayout,
@@ -60,35 +62,83 @@ def convolution_backward_handler(
         g_placements = grad_output_placements(layout, plan.placements)
         g = grad_out.redistribute(mesh, g_placements).to_local()
         w = local_weight(layout, weight, x)
-        groups = local_groups(layout, groups)
+        groups = local_groups(layout, groups, x)
         xl = x.to_local()
-        wshape = window_shape(plan.spatial, xl.shape)
-        if 0 in wshape or g.numel() == 0:
-            if mask[1]:  # nothing to compute here, but peers may need this rank's rows
-                gather_windows(plan.spatial, xl)
-            gi = xl.new_zeros(wshape) if mask[0] else None
-            gw = w.new_zeros(w.shape) if mask[1] else None
-            gb = g.sum([d for d in range(g.ndim) if d != 1]) if mask[2] else None
-            gi = _home(plan, layout, gi)
-        elif plan.splits and mask[0] and mask[1]:
+        gi: torch.Tensor | None
+        if plan.splits and mask[0] and mask[1] and _overlap_here(plan, xl, g):
             gi, gw, gb = _overlapped_gradients(plan, layout, g, xl, w, bias_sizes, groups, mask)
         else:
-            if mask[1]:
-                window = gather_windows(plan.spatial, xl)
-            else:  # grad_input reads only the input's shape
-                window = xl.new_zeros(()).expand(wshape)
-            gi, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, mask)
-            gi = _home(plan, layout, gi)
+            # peers may need this rank's rows even where it has nothing to compute
+            window = gather_windows(plan.spatial, xl) if mask[1] else None
+            args = (plan, g, xl, window, w, bias_sizes, groups, mask)
+            gi, gw, gb = ranks.each_rank(mesh, _window_gradients, *args)
+            gi = _home(plan, layout, gi, x.shape)
         grad_input = grad_weight = grad_bias = None
         if mask[0]:
             grad_input = as_dtensor(_wanted(gi), mesh, plan.placements, x.shape)
         if mask[1]:
-            gw = summed(_wanted(gw), mesh, plan.reduce_mesh_dims)
+            chunk = {"out": 0, "group": 0, "in": 1}.get(layout.kind)
+            gw = _reduced(_wanted(gw), plan, layout, chunk, weight.shape)
             grad_weight = weight_gradient(layout, gw, weight, x)
         if mask[2]:
-            gb = summed(_wanted(gb), mesh, plan.reduce_mesh_dims)
+            chunk = {"out": 0, "group": 0}.get(layout.kind)
+            gb = _reduced(_wanted(gb), plan, layout, chunk, cast(list[int], bias_sizes))
             grad_bias = bias_gradient(layout, gb, bias_sizes, weight, x)
         return grad_input, grad_weight, grad_bias
+
+
+def _reduced(
+    local: torch.Tensor,
+    plan: ConvPlan,
+    layout: ChannelLayout,
+    chunk_dim: int | None,
+    full_shape: Sequence[int],
+) -> torch.Tensor:
+    """A parameter gradient summed over the mesh dims that split the input (`summed`).
+
+    Simulated ranks whose gradient is a chunk along `chunk_dim` on the channel mesh dim
+    declare that layout, of the parameter's full shape: uneven chunks differ in size
+    there, and a DTensor cannot take a per-rank global shape.
+    """
+    dims = plan.reduce_mesh_dims
+    if chunk_dim is None or not dims or not ranks.simulated():
+        return summed(local, plan.mesh, dims)
+    target: list[Placement] = [Replicate()] * plan.mesh.ndim
+    target[layout.mesh_dim] = Shard(chunk_dim)
+    partial = [Partial() if m in dims else p for m, p in enumerate(target)]
+    dt = as_dtensor(local, plan.mesh, partial, full_shape)
+    return dt.redistribute(plan.mesh, target).to_local()
+
+
+def _overlap_here(plan: ConvPlan, xl: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether this (real) rank computes while its halos travel: it has a window and an
+    output gradient. Simulated ranks take the exchange-first path (overlap is per rank)."""
+    if ranks.simulated():
+        return False
+    return 0 not in window_shape(plan.spatial, xl.shape) and g.numel() > 0
+
+
+def _window_gradients(
+    plan: ConvPlan,
+    g: torch.Tensor,
+    xl: torch.Tensor,
+    window: torch.Tensor | None,
+    w: torch.Tensor,
+    bias_sizes: object,
+    groups: int,
+    mask: list[bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """This rank's gradients over its window (per-rank code); grad_input reads only the
+    input's shape, so without `window` a zero-stride one stands in."""
+    wshape = window_shape(plan.spatial, xl.shape)
+    if 0 in wshape or g.numel() == 0:
+        gi = xl.new_zeros(wshape) if mask[0] else None
+        gw = w.new_zeros(w.shape) if mask[1] else None
+        gb = g.sum([d for d in range(g.ndim) if d != 1]) if mask[2] else None
+        return gi, gw, gb
+    if window is None:
+        window = xl.new_zeros(()).expand(wshape)
+    return _local_backward(plan, g, window, w, bias_sizes, groups, mask)
 
 
 def _local_backward(
@@ -126,14 +176,28 @@ def _wanted(gradient: torch.Tensor | None) -> torch.Tensor:
     return gradient
 
 
-def _home(plan: ConvPlan, layout: ChannelLayout, gi: torch.Tensor | None) -> torch.Tensor | None:
-    """The window's input gradient summed into the rows this rank owns."""
+def _home(
+    plan: ConvPlan, layout: ChannelLayout, gi: torch.Tensor | None, in_shape: Sequence[int]
+) -> torch.Tensor | None:
+    """The window's input gradient summed into the rows this rank owns.
+
+    In the output-channel layout every rank's filters contributed to it, so it is also
+    summed over that mesh dim: on real ranks first (as `_overlapped_gradients` does, so
+    all ranks issue their collectives in one order); simulated ranks sum the owned rows
+    afterwards, as a DTensor of the input's global shape (per-rank window shapes differ
+    there, and a DTensor cannot take a per-rank shape).
+    """
     if gi is None:
         return None
-    if layout.kind == "out":  # every rank's filters contributed to the input gradient
+    simulated = ranks.simulated()
+    if layout.kind == "out" and not simulated:
         gi = summed(gi, plan.mesh, (layout.mesh_dim,))
     for split in reversed(plan.splits):
         gi = scatter_add_window(gi, split, plan.mesh)
+    if layout.kind == "out" and simulated:
+        partial = [Partial() if m == layout.mesh_dim else p for m, p in enumerate(plan.placements)]
+        dt = as_dtensor(gi, plan.mesh, partial, in_shape)
+        gi = dt.redistribute(plan.mesh, plan.placements).to_local()
     return gi
 
 

@@ -28,6 +28,7 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import replicated, reshard_like
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
+from . import ranks
 from .geometry import chunk_range
 
 
@@ -35,7 +36,7 @@ from .geometry import chunk_range
 class ChannelLayout:
     kind: Literal["none", "out", "in", "group"] = "none"
     mesh_dim: int = -1
-    groups: int = 1  # groups of the local conv
+    per_in: int = 1  # input channels per group (group layout)
 
     @property
     def splits_input(self) -> bool:
@@ -115,45 +116,54 @@ def _group_layout(x: DTensor, weight: Any, groups: int) -> ChannelLayout:
         c, d = chunk_range(cout, parts, r)
         if a % per_in or b % per_in or (c, d) != (a // per_in * per_out, b // per_in * per_out):
             return NONE
-    a, b = chunk_range(cin, parts, x.device_mesh.get_local_rank(m))
-    return ChannelLayout("group", m, (b - a) // per_in)
+    return ChannelLayout("group", m, per_in)
 
 
-def local_groups(layout: ChannelLayout, groups: int) -> int:
-    return layout.groups if layout.kind == "group" else groups
+def local_groups(layout: ChannelLayout, groups: int, x: DTensor) -> int:
+    """The local conv's groups: this rank's whole groups in the group layout (a per-rank
+    integer under LocalTensorMode, where chunks are uneven), else the call's."""
+    if layout.kind != "group":
+        return groups
+    return ranks.each_rank(x.device_mesh, _own_groups, layout, x)
+
+
+def _own_groups(layout: ChannelLayout, x: DTensor) -> int:
+    a, b = chunk_range(x.shape[1], x.device_mesh.size(layout.mesh_dim), _coord(x, layout))
+    return (b - a) // layout.per_in
 
 
 def local_weight(layout: ChannelLayout, weight: Any, x: DTensor) -> torch.Tensor:
-    """This rank's filters (out), filter slices (in), or the whole weight."""
-    if layout.kind in ("out", "group"):
-        if isinstance(weight, DTensor) and isinstance(weight.placements[layout.mesh_dim], Shard):
-            return weight.to_local()
-        return _own_filters(replicated(weight), x, layout)
-    if layout.kind == "in":
-        if isinstance(weight, DTensor) and isinstance(weight.placements[layout.mesh_dim], Shard):
-            return weight.to_local()
-        full = replicated(weight)
-        mesh = x.device_mesh
-        lo, hi = chunk_range(full.shape[1], mesh.size(layout.mesh_dim), _coord(x, layout))
-        return full[:, lo:hi]
-    return replicated(weight)
+    """This rank's filters (out, group), filter slices (in), or the whole weight."""
+    if layout.kind == "none":
+        return replicated(weight)
+    if isinstance(weight, DTensor) and isinstance(weight.placements[layout.mesh_dim], Shard):
+        return weight.to_local()
+    dim = 1 if layout.kind == "in" else 0
+    return ranks.each_rank(x.device_mesh, _own_chunk, replicated(weight), dim, x, layout)
 
 
 def local_bias(layout: ChannelLayout, bias: Any, weight: Any, x: DTensor) -> torch.Tensor | None:
     """The bias this rank adds: its filters' (out), the first rank's only (in), or all."""
     if bias is None:
         return None
+    full = replicated(bias)
     if layout.kind in ("out", "group"):
-        return _own_filters(replicated(bias), x, layout)
-    if layout.kind == "in" and _coord(x, layout) != 0:
-        return None
-    return replicated(bias)
+        return ranks.each_rank(x.device_mesh, _own_chunk, full, 0, x, layout)
+    if layout.kind == "in":
+        if ranks.simulated():  # ranks cannot differ in None-ness there: zeros off the first
+            return ranks.each_rank(x.device_mesh, _first_only, full, x, layout)
+        return full if _coord(x, layout) == 0 else None
+    return full
 
 
-def _own_filters(full: torch.Tensor, x: DTensor, layout: ChannelLayout) -> torch.Tensor:
-    """This rank's chunk of a full weight or bias along its output channels."""
-    lo, hi = chunk_range(full.shape[0], x.device_mesh.size(layout.mesh_dim), _coord(x, layout))
-    return full[lo:hi]
+def _own_chunk(full: torch.Tensor, dim: int, x: DTensor, layout: ChannelLayout) -> torch.Tensor:
+    """This rank's chunk of a full weight or bias along `dim` (per-rank code)."""
+    lo, hi = chunk_range(full.shape[dim], x.device_mesh.size(layout.mesh_dim), _coord(x, layout))
+    return full.narrow(dim, lo, hi - lo)
+
+
+def _first_only(full: torch.Tensor, x: DTensor, layout: ChannelLayout) -> torch.Tensor:
+    return full if _coord(x, layout) == 0 else torch.zeros_like(full)
 
 
 def output_placements(layout: ChannelLayout, placements: tuple[Placement, ...]) -> list[Placement]:
@@ -212,4 +222,4 @@ def _from_chunks(
 
 
 def _coord(x: DTensor, layout: ChannelLayout) -> int:
-    return x.device_mesh.get_local_rank(layout.mesh_dim)
+    return ranks.local_rank(x.device_mesh, layout.mesh_dim)

@@ -12,6 +12,7 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
+from . import ranks
 from .channels import (
     channel_layout,
     local_bias,
@@ -31,7 +32,7 @@ def local_out_shape(plan: ConvPlan, window: torch.Tensor) -> list[int]:
     """This rank's output block: owned output rows on sharded dims, everything else full."""
     shape = [window.shape[0], *plan.out_shape[1:]]
     for s in plan.splits:
-        o0, o1 = s.owned_out(plan.mesh.get_local_rank(s.mesh_dim))
+        o0, o1 = s.owned_out(plan.spatial.local_rank(s))
         shape[s.dim] = o1 - o0
     return shape
 
@@ -59,22 +60,30 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
             return _fallback(plan, op_call, args, kwargs, x)
         w, b = local_weight(layout, weight, x), local_bias(layout, bias, weight, x)
         placements = output_placements(layout, plan.placements)
-        groups = local_groups(layout, groups)
-        overlapped = _same_conv_overlapped(plan, x.to_local(), w, b, groups)
-        if overlapped is None:
-            overlapped = _interior_first(plan, x.to_local(), w, b, groups)
-        if overlapped is not None:
-            return as_dtensor(overlapped, plan.mesh, placements, plan.out_shape)
+        groups = local_groups(layout, groups, x)
+        if not ranks.simulated():  # overlap is for real ranks: their choice is per rank
+            overlapped = _same_conv_overlapped(plan, x.to_local(), w, b, groups)
+            if overlapped is None:
+                overlapped = _interior_first(plan, x.to_local(), w, b, groups)
+            if overlapped is not None:
+                return as_dtensor(overlapped, plan.mesh, placements, plan.out_shape)
         window = gather_windows(plan.spatial, x.to_local())
-        shape = local_out_shape(plan, window)
-        shape[1] = w.shape[0]
-        if window.numel() == 0 or 0 in shape:
-            out = window.new_zeros(shape)
-            if b is not None and out.numel():  # no input channels here, but a bias to add
-                out += b.reshape(-1, *[1] * (out.ndim - 2))
-        else:
-            out = local_conv(plan, w, b, groups)(window)
+        out = ranks.each_rank(plan.mesh, _conv_block, plan, window, w, b, groups)
         return as_dtensor(out, plan.mesh, placements, plan.out_shape)
+
+
+def _conv_block(
+    plan: ConvPlan, window: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, groups: int
+) -> torch.Tensor:
+    """This rank's output block from its whole window (per-rank code)."""
+    shape = local_out_shape(plan, window)
+    shape[1] = w.shape[0]
+    if window.numel() == 0 or 0 in shape:
+        out = window.new_zeros(shape)
+        if b is not None and out.numel():  # no input channels here, but a bias to add
+            out += b.reshape(-1, *[1] * (out.ndim - 2))
+        return out
+    return local_conv(plan, w, b, groups)(window)
 
 
 def local_conv(
@@ -111,8 +120,7 @@ def _same_conv_overlapped(
     if not isinstance(reach, Affine) or reach.stride != 1 or split.out_size != split.size:
         return None
     p = -reach.offset
-    rank = plan.mesh.get_local_rank(split.mesh_dim)
-    o0, o1 = split.owned_out(rank)
+    o0, o1 = split.owned_out(plan.spatial.local_rank(split))
     if p < 1 or reach.extent != 2 * p + 1 or o1 - o0 < 2 * p or 0 in local.shape:
         return None
     pending = PendingWindow(local, split, plan.mesh, 0.0)

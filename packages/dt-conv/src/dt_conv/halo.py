@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.distributed as dist
 from dt_core.compat import tracing
 from dt_core.kit import Counters
 from dt_core.tracing import is_tracing
 from torch.distributed.device_mesh import DeviceMesh
 
+from . import ranks
 from .geometry import DimSplit
 
 FILL, OWN = -1, -2  # segment sources besides "received buffer k"
@@ -115,12 +116,9 @@ def _select(t: torch.Tensor, dim: int, rows: tuple[int, ...]) -> torch.Tensor:
 
 
 def _count(t: torch.Tensor) -> None:
-    if not is_tracing(t):  # a compiled graph sends at run time, not while traced
+    # a compiled graph sends at run time, not while traced; simulated ranks send nothing
+    if not is_tracing(t) and not ranks.simulated():
         counters.add("bytes_sent", t.numel() * t.element_size())
-
-
-def _group(mesh: DeviceMesh, split: DimSplit) -> tuple[dist.ProcessGroup, int]:
-    return mesh.get_group(split.mesh_dim), mesh.get_local_rank(split.mesh_dim)
 
 
 @functools.lru_cache(maxsize=512)
@@ -130,44 +128,98 @@ def _anyone_exchanges(split: DimSplit) -> bool:
     return any(exchange_plan(split, r).recvs for r in range(split.parts))
 
 
-class _AllToAll:
-    """One started all-to-all along tensor dim `dim`: `pieces[r]` goes to peer `r` and
-    `counts[r]` rows come back from it."""
+# Per-rank halves of an exchange. They read the rank `me` as a plain int, so under
+# LocalTensorMode they run once per simulated rank (`ranks.each_rank`); the all-to-all
+# between them runs at the mode's level. Each returns a flat tuple (tensors and ints),
+# which the mode combines element by element.
 
-    def __init__(
-        self,
-        like: torch.Tensor,
-        dim: int,
-        pieces: dict[int, torch.Tensor],
-        counts: dict[int, int],
-        parts: int,
-        group: dist.ProcessGroup,
-    ) -> None:
-        send_rows = [pieces[r].shape[dim] if r in pieces else 0 for r in range(parts)]
-        self.recv_rows = [counts.get(r, 0) for r in range(parts)]
-        if pieces:
-            send = torch.cat([pieces[r].movedim(dim, 0) for r in sorted(pieces)])
-        else:
-            send = like.movedim(dim, 0).narrow(0, 0, 0)
-        _count(send)
-        self.dim = dim
-        self.started = tracing.start_all_to_all(send, self.recv_rows, send_rows, group)
 
-    def wait(self) -> dict[int, torch.Tensor]:
-        """Peer -> the rows it sent, laid out like the input."""
-        out = tracing.wait(self.started)
-        received, offset = {}, 0
-        for r, n in enumerate(self.recv_rows):
-            if n:
-                received[r] = out.narrow(0, offset, n).movedim(0, self.dim)
-            offset += n
+def _packed(
+    like: torch.Tensor, dim: int, parts: int, pieces: dict[int, Any], recvs: dict[int, int]
+) -> tuple[Any, ...]:
+    send_rows = [pieces[r].shape[dim] if r in pieces else 0 for r in range(parts)]
+    recv_rows = [recvs.get(r, 0) for r in range(parts)]
+    if pieces:
+        send = torch.cat([pieces[r].movedim(dim, 0) for r in sorted(pieces)])
+    else:
+        send = like.movedim(dim, 0).narrow(0, 0, 0)
+    return (send.contiguous(), *send_rows, *recv_rows)
+
+
+def _received(out: torch.Tensor | None, dim: int, recv_rows: list[int]) -> dict[int, torch.Tensor]:
+    """Peer -> the rows it sent (laid out like the input), from the all-to-all's result."""
+    received: dict[int, torch.Tensor] = {}
+    offset = 0
+    if out is None:
         return received
+    for r, n in enumerate(recv_rows):
+        if n:
+            received[r] = out.narrow(0, offset, n).movedim(0, dim)
+        offset += n
+    return received
+
+
+class _AllToAll:
+    """One started all-to-all along a split's tensor dim: `packed` is a `_packed` tuple
+    (per-rank values under LocalTensorMode); `wait()` gives the flat result, which
+    per-rank code splits with `_received`."""
+
+    def __init__(self, mesh: DeviceMesh, split: DimSplit, packed: tuple[Any, ...]) -> None:
+        ranks.mode_level("a halo exchange")
+        send, sizes = packed[0], list(packed[1:])
+        _count(send)
+        send_rows, recv_rows = sizes[: split.parts], sizes[split.parts :]
+        group = mesh.get_group(split.mesh_dim)
+        self.started = tracing.start_all_to_all(send, recv_rows, send_rows, group)
+
+    def wait(self) -> torch.Tensor:
+        out: torch.Tensor = tracing.wait(self.started)
+        return out
 
 
 def _piece(seg: Segment, source: torch.Tensor, dim: int) -> torch.Tensor:
     first, length = seg.rows()
     piece = source.narrow(dim, first, length)
     return piece.flip(dim) if seg.step < 0 and length > 1 else piece
+
+
+def _window_pack(split: DimSplit, me: int, local: torch.Tensor) -> tuple[Any, ...]:
+    """Rank `me`'s rows for each peer's window."""
+    plan = exchange_plan(split, me)
+    pieces = {r: _select(local, split.dim, rows) for r, rows in plan.sends}
+    return _packed(local, split.dim, split.parts, pieces, dict(plan.recvs))
+
+
+def _assemble(
+    split: DimSplit,
+    me: int,
+    local: torch.Tensor,
+    out: torch.Tensor | None,
+    fill_value: float,
+    start: int,
+    stop: int | None,
+) -> torch.Tensor:
+    """Window rows [start, stop) (window-relative; None: to the end) of rank `me`,
+    filled and assembled from its own rows and what the all-to-all brought."""
+    plan, dim = exchange_plan(split, me), split.dim
+    stop = plan.window_rows if stop is None else stop
+    received = _received(out, dim, [dict(plan.recvs).get(r, 0) for r in range(split.parts)])
+    buffers = [received[r] for r, _ in plan.recvs]
+    pieces, offset = [], 0
+    for seg in plan.segments:
+        lo, hi = max(start, offset), min(stop, offset + seg.length)
+        if lo < hi:
+            if seg.source == FILL:
+                pieces.append(local.new_full(_resized(local, dim, hi - lo), fill_value))
+            else:
+                source = local if seg.source == OWN else buffers[seg.source]
+                pieces.append(_piece(seg, source, dim).narrow(dim, lo - offset, hi - lo))
+        offset += seg.length
+    if len(pieces) == 1:
+        return pieces[0]
+    if not pieces:
+        return local.new_empty(_resized(local, dim, 0))
+    return torch.cat(pieces, dim=dim)
 
 
 class PendingWindow:
@@ -180,49 +232,28 @@ class PendingWindow:
     def __init__(
         self, local: torch.Tensor, split: DimSplit, mesh: DeviceMesh, fill_value: float
     ) -> None:
-        group, me = _group(mesh, split)
-        self.plan, self.dim, self.local, self.fill_value = (
-            exchange_plan(split, me),
-            split.dim,
-            local,
-            fill_value,
-        )
-        self.buffers: list[torch.Tensor] = []
+        self.split, self.mesh, self.local, self.fill_value = split, mesh, local, fill_value
+        self.me = ranks.local_rank(mesh, split.mesh_dim)
+        self.received: torch.Tensor | None = None
         self.pending: _AllToAll | None = None
         if _anyone_exchanges(split):
-            pieces = {r: _select(local, self.dim, rows) for r, rows in self.plan.sends}
-            counts = dict(self.plan.recvs)
-            self.pending = _AllToAll(local, self.dim, pieces, counts, split.parts, group)
+            packed = ranks.each_rank(mesh, _window_pack, split, self.me, local)
+            self.pending = _AllToAll(mesh, split, packed)
 
     def wait(self) -> PendingWindow:
         if self.pending is not None:
-            received = self.pending.wait()
-            self.buffers = [received[r] for r, _ in self.plan.recvs]
+            self.received = self.pending.wait()
             self.pending = None
         return self
 
-    def rows(self, start: int, stop: int) -> torch.Tensor:
-        """Window rows [start, stop) (window-relative), filled and assembled."""
-        pieces, offset, dim = [], 0, self.dim
-        for seg in self.plan.segments:
-            lo, hi = max(start, offset), min(stop, offset + seg.length)
-            if lo < hi:
-                if seg.source == FILL:
-                    shape = _resized(self.local, dim, hi - lo)
-                    pieces.append(self.local.new_full(shape, self.fill_value))
-                else:
-                    source = self.local if seg.source == OWN else self.buffers[seg.source]
-                    piece = _piece(seg, source, dim)
-                    pieces.append(piece.narrow(dim, lo - offset, hi - lo))
-            offset += seg.length
-        if len(pieces) == 1:
-            return pieces[0]
-        if not pieces:
-            return self.local.new_empty(_resized(self.local, dim, 0))
-        return torch.cat(pieces, dim=dim)
+    def rows(self, start: int, stop: int | None) -> torch.Tensor:
+        """Window rows [start, stop) (window-relative; None: to the end), filled and
+        assembled."""
+        args = (self.split, self.me, self.local, self.received, self.fill_value, start, stop)
+        return ranks.each_rank(self.mesh, _assemble, *args)
 
     def full(self) -> torch.Tensor:
-        return self.rows(0, self.plan.window_rows)
+        return self.rows(0, None)
 
 
 def gather_window(
@@ -240,36 +271,64 @@ class PendingScatter:
     """
 
     def __init__(self, grad_window: torch.Tensor, split: DimSplit, mesh: DeviceMesh) -> None:
-        group, me = _group(mesh, split)
-        plan, dim = exchange_plan(split, me), split.dim
-        mine = split.owned_in(me)
-        out = grad_window.new_zeros(_resized(grad_window, dim, mine[1] - mine[0]))
-        back = [grad_window.new_zeros(_resized(grad_window, dim, n)) for _, n in plan.recvs]
-        offset = 0
-        for seg in plan.segments:
-            part = grad_window.narrow(dim, offset, seg.length)
-            offset += seg.length
-            if seg.source == FILL:
-                continue
-            target = out if seg.source == OWN else back[seg.source]
-            first, length = seg.rows()
-            target.narrow(dim, first, length).add_(part.flip(dim) if seg.step < 0 else part)
+        self.split, self.mesh = split, mesh
+        self.me = ranks.local_rank(mesh, split.mesh_dim)
         self.pending: _AllToAll | None = None
         if _anyone_exchanges(split):
-            pieces = {r: b for (r, _), b in zip(plan.recvs, back, strict=True)}
-            counts = {r: len(rows) for r, rows in plan.sends}
-            self.pending = _AllToAll(grad_window, dim, pieces, counts, split.parts, group)
-        self.out, self.dim, self.sends = out, dim, plan.sends
+            packed = ranks.each_rank(mesh, _scatter_pack, split, self.me, grad_window)
+            self.out: torch.Tensor = packed[0]
+            self.pending = _AllToAll(mesh, split, packed[1:])
+        else:
+            self.out = ranks.each_rank(mesh, _own_rows, split, self.me, grad_window)
 
     def finish(self) -> torch.Tensor:
         """This rank's rows of the gradient, everyone's contributions summed."""
         if self.pending is None:
             return self.out
         received = self.pending.wait()
-        for r, rows in self.sends:
-            index = torch.tensor(rows, device=self.out.device)
-            self.out.index_add_(self.dim, index, received[r])
-        return self.out
+        return ranks.each_rank(self.mesh, _add_received, self.split, self.me, self.out, received)
+
+
+def _sum_segments(
+    split: DimSplit, me: int, grad_window: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Rank `me`'s window gradient summed per source row: (own rows, rows per peer)."""
+    plan, dim = exchange_plan(split, me), split.dim
+    mine = split.owned_in(me)
+    out = grad_window.new_zeros(_resized(grad_window, dim, mine[1] - mine[0]))
+    back = [grad_window.new_zeros(_resized(grad_window, dim, n)) for _, n in plan.recvs]
+    offset = 0
+    for seg in plan.segments:
+        part = grad_window.narrow(dim, offset, seg.length)
+        offset += seg.length
+        if seg.source == FILL:
+            continue
+        target = out if seg.source == OWN else back[seg.source]
+        first, length = seg.rows()
+        target.narrow(dim, first, length).add_(part.flip(dim) if seg.step < 0 else part)
+    return out, back
+
+
+def _own_rows(split: DimSplit, me: int, grad_window: torch.Tensor) -> torch.Tensor:
+    return _sum_segments(split, me, grad_window)[0]
+
+
+def _scatter_pack(split: DimSplit, me: int, grad_window: torch.Tensor) -> tuple[Any, ...]:
+    """(rank `me`'s own rows summed, then the `_packed` rows for their owners)."""
+    plan = exchange_plan(split, me)
+    out, back = _sum_segments(split, me, grad_window)
+    pieces = {r: b for (r, _), b in zip(plan.recvs, back, strict=True)}
+    counts = {r: len(rows) for r, rows in plan.sends}
+    return (out, *_packed(grad_window, split.dim, split.parts, pieces, counts))
+
+
+def _add_received(split: DimSplit, me: int, out: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    plan, dim = exchange_plan(split, me), split.dim
+    counts = {r: len(rows) for r, rows in plan.sends}
+    received = _received(flat, dim, [counts.get(r, 0) for r in range(split.parts)])
+    for r, rows in plan.sends:
+        out.index_add_(dim, torch.tensor(rows, device=out.device), received[r])
+    return out
 
 
 def scatter_add_window(

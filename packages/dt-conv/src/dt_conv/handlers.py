@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import ranks
 from .backward import convolution_backward_handler
 from .fallback import replicated_op
 from .forward import convolution_handler
@@ -52,10 +53,11 @@ HANDLERS: dict[str, Handler] = {
 
 def handle(name: str, op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """`aten.<name>` on DTensors. Bad arguments raise torch's own error on every rank first
-    (a backward op runs only after its forward passed the check); ranks simulated in one
-    process take the replicated path, where per-rank halo plans cannot run."""
+    (a backward op runs only after its forward passed the check). Under an enabled
+    LocalTensorMode the handlers run sharded (`dt_conv.ranks`); LocalTensors outside an
+    enabled mode have no mesh coordinate to read and take the replicated path."""
     if not name.endswith("_backward"):
         raise_like_torch(op_call, args, kwargs)
-    if simulated_ranks(args, kwargs):
+    if simulated_ranks(args, kwargs) and not ranks.simulated():
         return replicated_op(str(op_call), op_call, args, kwargs)
     return HANDLERS[name](op_call, args, kwargs)

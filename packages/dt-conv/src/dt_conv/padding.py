@@ -21,7 +21,7 @@ import torch
 from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
-from . import spatial
+from . import ranks, spatial
 from .geometry import Affine, DimSplit, Fill
 from .plan import Splitter, plan_spatial
 from .validate import raise_like_torch, simulated_ranks
@@ -164,8 +164,8 @@ def circular_pad(x: DTensor, pad: Sequence[int]) -> torch.Tensor:
     """`_pad_circular` for a DTensor: halo path where exact, else torch's own (gathers)."""
     pad = list(pad)
     raise_like_torch(torch.ops.aten._pad_circular.default, (x, pad), {})
-    if simulated_ranks((x,), {}):
-        return _decompose_circular(x, pad)  # torch's own composite: exact on any rank
+    if simulated_ranks((x,), {}) and not ranks.simulated():
+        return _decompose_circular(x, pad)  # LocalTensors outside their mode: torch's own
     op = _window_op(x, x.shape, pad, "circular", _decompose_circular, _circular_vjp)
     if isinstance(op, str):
         from dt_core.kit import warn_fallback

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
+from . import ranks
 from .geometry import DimSplit, conv_out_size, conv_split, expand
 
 # For a tensor dim the op works along: (mesh_dim, parts) -> how that dim splits.
@@ -31,7 +32,8 @@ class SpatialPlan:
     owned_mesh_dims: tuple[int, ...] = ()  # mesh dims sharding a dim the caller lays out
 
     def local_rank(self, split: DimSplit) -> int:
-        return self.mesh.get_local_rank(split.mesh_dim)
+        """This rank's chunk index along `split` (per-rank code only, see `ranks`)."""
+        return ranks.local_rank(self.mesh, split.mesh_dim)
 
 
 def plan_spatial(

@@ -17,7 +17,7 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
-from . import spatial
+from . import ranks, spatial
 from .geometry import conv_split, expand
 from .plan import SpatialPlan, Splitter, plan_spatial
 
@@ -119,13 +119,16 @@ def max_pool_with_indices(op_call: torch._ops.OpOverload, args: tuple, kwargs: d
     with torch.no_grad():
         local = x.to_local()
         window = spatial.gather_windows(plan, local, op.fill_value)
-        shape = spatial.local_shape(plan, plan.out_shape, local.shape)
-        if window.numel() == 0 or 0 in shape:
-            out = window.new_zeros(shape)
-            idx = torch.zeros(shape, dtype=torch.int64, device=window.device)
-        else:
+
+        def block(window: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            shape = spatial.local_shape(plan, plan.out_shape, local.shape)
+            if window.numel() == 0 or 0 in shape:
+                idx = torch.zeros(shape, dtype=torch.int64, device=window.device)
+                return window.new_zeros(shape), idx
             out, idx = pool_both(window)
-            idx = _global_indices(plan, idx, window.shape, x.shape, n)
+            return out, _global_indices(plan, idx, window.shape, x.shape, n)
+
+        out, idx = ranks.each_rank(plan.mesh, block, window, local)
     return (
         as_dtensor(out, plan.mesh, plan.placements, plan.out_shape),
         as_dtensor(idx, plan.mesh, plan.placements, plan.out_shape),
@@ -188,28 +191,29 @@ def _avg_op(x: DTensor, n: int, values: list) -> spatial.WindowOp | str:
         return plan
     pool = aten.avg_pool2d if n == 2 else aten.avg_pool3d
     pad = _local_padding(plan, padding, n, x.ndim)
-    first = x.ndim - n
-    owned = {s.dim: s.owned_out(plan.local_rank(s)) for s in plan.splits}
-    divisor = None
-    if override is None:
-        factors = []
-        for i in range(n):
-            dim = first + i
-            rows = _divisors(
-                x.shape[dim], plan.out_shape[dim], kernel[i], stride[i], padding[i], include_pad
-            )
-            lo, hi = owned.get(dim, (0, len(rows)))
-            shape = [1] * x.ndim
-            shape[dim] = hi - lo
-            factors.append((rows[lo:hi], shape))
-        divisor = factors
-
+    first, ndim, x_shape = x.ndim - n, x.ndim, tuple(x.shape)
+    rows_per_dim = [
+        _divisors(
+            x_shape[first + i],
+            plan.out_shape[first + i],
+            kernel[i],
+            stride[i],
+            padding[i],
+            include_pad,
+        )
+        for i in range(n)
+    ]
     back = aten.avg_pool2d_backward if n == 2 else aten.avg_pool3d_backward
 
     def divide_by(t: torch.Tensor) -> torch.Tensor:
+        """Divide by torch's divisors of this rank's output rows (per-rank code)."""
+        owned = {s.dim: s.owned_out(plan.local_rank(s)) for s in plan.splits}
         d = torch.ones((), dtype=t.dtype, device=t.device)
-        for rows, shape in divisor or ():
-            d = d * torch.tensor(rows, dtype=t.dtype, device=t.device).reshape(shape)
+        for i, rows in enumerate(rows_per_dim):
+            lo, hi = owned.get(first + i, (0, len(rows)))
+            shape = [1] * ndim
+            shape[first + i] = hi - lo
+            d = d * torch.tensor(rows[lo:hi], dtype=t.dtype, device=t.device).reshape(shape)
         return t / d
 
     def local(window: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 from dt_core.dtensors import as_dtensor
 from torch.distributed.tensor import DTensor, Placement, Shard
 
+from . import ranks
 from .halo import gather_window, scatter_add_window
 from .plan import SpatialPlan
 
@@ -75,12 +76,16 @@ def forward(op: WindowOp, x: DTensor) -> DTensor:
     with torch.no_grad():
         local = x.to_local()
         window = gather_windows(plan, local, op.fill_value)
-        shape = local_shape(plan, plan.out_shape, local.shape)
-        if window.numel() == 0 or 0 in shape:
-            out = window.new_zeros(shape)
-        else:
-            out = op.local(window)
+        out = ranks.each_rank(plan.mesh, _forward_block, op, window, local)
     return as_dtensor(out, plan.mesh, plan.placements, plan.out_shape)
+
+
+def _forward_block(op: WindowOp, window: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """This rank's output block from its window (per-rank code)."""
+    shape = local_shape(op.plan, op.plan.out_shape, local.shape)
+    if window.numel() == 0 or 0 in shape:
+        return window.new_zeros(shape)
+    return op.local(window)
 
 
 def backward(
@@ -92,20 +97,26 @@ def backward(
     """
     plan = op.plan
     g = grad_out.redistribute(plan.mesh, plan.placements).to_local()
-    local_in = _local_shape_in(plan, in_shape, g)
     with torch.no_grad():
+        window = None
         if op.grad_reads_input and x is not None:
             window = gather_windows(plan, x.to_local(), op.fill_value)
-        else:  # linear ops: the window's values do not matter
-            window = g.new_zeros(window_shape(plan, local_in))
-    with torch.no_grad():
-        if window.numel() == 0 or g.numel() == 0:
-            grad_window = window.new_zeros(window.shape)
-        else:
-            grad_window = op.vjp(window, g)
+        grad_window = ranks.each_rank(plan.mesh, _backward_block, op, g, window, tuple(in_shape))
         for split in reversed(plan.splits):
             grad_window = scatter_add_window(grad_window, split, plan.mesh)
     return as_dtensor(grad_window, plan.mesh, plan.placements, in_shape)
+
+
+def _backward_block(
+    op: WindowOp, g: torch.Tensor, window: torch.Tensor | None, in_shape: tuple[int, ...]
+) -> torch.Tensor:
+    """This rank's window gradient (per-rank code). Linear ops read only the window's
+    shape, so without `window` a zero one stands in."""
+    if window is None:
+        window = g.new_zeros(window_shape(op.plan, _local_shape_in(op.plan, in_shape, g)))
+    if window.numel() == 0 or g.numel() == 0:
+        return window.new_zeros(window.shape)
+    return op.vjp(window, g)
 
 
 def _local_shape_in(plan: SpatialPlan, in_shape: Sequence[int], g: torch.Tensor) -> list[int]:

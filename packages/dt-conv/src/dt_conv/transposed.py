@@ -12,12 +12,14 @@ that split the input (each output row is owned by exactly one rank).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from dt_core.dtensors import as_dtensor
 from dt_core.kit import replicated, reshard_like
 from torch.distributed.tensor import DTensor, Replicate
 
+from . import ranks
 from .backward_overlap import overlapped_gradients
 from .geometry import DimSplit, Transposed, expand
 from .halo import scatter_add_window
@@ -172,14 +174,26 @@ def forward(
     w, b = replicated(weight), replicated(bias)
     with torch.no_grad():
         window = gather_windows(sp, x.to_local())
-        shape = _owned_shape(plan, window)
-        if window.numel() == 0 or 0 in shape:
-            out = window.new_zeros(shape)
-        else:
-            out = _crop(plan, aten.convolution(window, w, None, *plan.local_conv_args(groups)))
-        if b is not None:
-            out = out + b.reshape(1, -1, *([1] * (out.ndim - 2)))
-    return as_dtensor(out.contiguous(), sp.mesh, sp.placements, sp.out_shape)
+        out = ranks.each_rank(sp.mesh, _forward_block, plan, window, w, b, groups)
+    return as_dtensor(out, sp.mesh, sp.placements, sp.out_shape)
+
+
+def _forward_block(
+    plan: TransposedPlan,
+    window: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    groups: int,
+) -> torch.Tensor:
+    """This rank's owned output rows from its window (per-rank code)."""
+    shape = _owned_shape(plan, window)
+    if window.numel() == 0 or 0 in shape:
+        out = window.new_zeros(shape)
+    else:
+        out = _crop(plan, aten.convolution(window, w, None, *plan.local_conv_args(groups)))
+    if b is not None:
+        out = out + b.reshape(1, -1, *([1] * (out.ndim - 2)))
+    return out.contiguous()
 
 
 def backward(
@@ -197,43 +211,46 @@ def backward(
     w = replicated(weight)
     with torch.no_grad():
         xl = x.to_local()
-        wshape = window_shape(sp, xl.shape)
-        gi: torch.Tensor | None = None
-        gw: torch.Tensor | None = None
-        if sp.splits and mask[0] and mask[1] and 0 not in wshape and g.numel():
+        gi: Any
+        gw: Any
+        gb: Any  # each a tensor where `mask` asks for it
+        if _overlap_here(sp, xl, g, mask):
             gi, gw = overlapped_gradients(
                 sp,
                 xl,
                 lambda window: _local_gradient(plan, g, window, w, groups, 0),
                 lambda window: _local_gradient(plan, g, window, w, groups, 1),
             )
+            gb = _bias_gradient(g) if mask[2] else None
         else:
-            if mask[1]:
-                window = gather_windows(sp, xl)
-            else:  # grad_input reads only the input's shape
-                window = xl.new_zeros(wshape)
-            if window.numel() and g.numel() and (mask[0] or mask[1]):
-                full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
-                wanted = [mask[0], mask[1], False]
-                gi, gw, _ = aten.convolution_backward(
-                    full, window, w, None, *plan.local_conv_args(groups), wanted
-                )
+            window = gather_windows(sp, xl) if mask[1] else None
+            args = (plan, g, xl, window, w, groups, mask)
+            gi, gw, gb = ranks.each_rank(mesh, _window_gradients, *args)
             if mask[0]:
-                gi = gi if gi is not None else window.new_zeros(window.shape)
                 for split in reversed(sp.splits):
                     gi = scatter_add_window(gi, split, mesh)
         grad_input = grad_weight = grad_bias = None
-        if mask[0] and gi is not None:
+        if mask[0]:
             grad_input = as_dtensor(gi, mesh, sp.placements, x.shape)
         if mask[1]:
-            gw = gw if gw is not None else w.new_zeros(w.shape)
             grad_weight = reshard_like(summed(gw, mesh, plan.reduce_mesh_dims), mesh, weight)
         if mask[2]:
-            dims = [d for d in range(g.ndim) if d != 1]
-            gb = g.sum(dims) if g.numel() else g.new_zeros(g.shape[1])
             full_b = summed(gb, mesh, plan.reduce_mesh_dims)
             grad_bias = as_dtensor(full_b, mesh, [Replicate()] * mesh.ndim, full_b.shape)
     return grad_input, grad_weight, grad_bias
+
+
+def _overlap_here(sp: SpatialPlan, xl: torch.Tensor, g: torch.Tensor, mask: Sequence[bool]) -> bool:
+    """Whether this (real) rank computes both gradients while its halos travel: it has a
+    window and an output gradient. Simulated ranks take the exchange-first path."""
+    if ranks.simulated() or not (sp.splits and mask[0] and mask[1]):
+        return False
+    return 0 not in window_shape(sp, xl.shape) and g.numel() > 0
+
+
+def _bias_gradient(g: torch.Tensor) -> torch.Tensor:
+    dims = [d for d in range(g.ndim) if d != 1]
+    return g.sum(dims) if g.numel() else g.new_zeros(g.shape[1])
 
 
 def _local_gradient(
@@ -250,3 +267,30 @@ def _local_gradient(
     wanted = [which == 0, which == 1, False]
     grads = aten.convolution_backward(full, window, w, None, *plan.local_conv_args(groups), wanted)
     return grads[which]
+
+
+def _window_gradients(
+    plan: TransposedPlan,
+    g: torch.Tensor,
+    xl: torch.Tensor,
+    window: torch.Tensor | None,
+    w: torch.Tensor,
+    groups: int,
+    mask: Sequence[bool],
+) -> tuple[Any, Any, Any]:
+    """This rank's (window input gradient, weight gradient, bias gradient), each a tensor
+    where `mask` asks for it, else None (per-rank code). grad_input reads only the
+    input's shape, so without `window` a zero one stands in."""
+    if window is None:
+        window = xl.new_zeros(window_shape(plan.spatial, xl.shape))
+    gi = gw = None
+    if window.numel() and g.numel() and (mask[0] or mask[1]):
+        full = _uncrop(plan, g, _local_out_shape(plan, window, w, groups))
+        wanted = [mask[0], mask[1], False]
+        gi, gw, _ = aten.convolution_backward(
+            full, window, w, None, *plan.local_conv_args(groups), wanted
+        )
+    gb = _bias_gradient(g) if mask[2] else None
+    gi = (gi if gi is not None else window.new_zeros(window.shape)) if mask[0] else None
+    gw = (gw if gw is not None else w.new_zeros(w.shape)) if mask[1] else None
+    return gi, gw, gb

@@ -43,8 +43,10 @@ def raise_like_torch(op_call: Callable[..., Any], args: tuple, kwargs: dict) -> 
 
 
 def simulated_ranks(args: tuple, kwargs: dict) -> bool:
-    """Whether torch's LocalTensorMode runs every rank in this process: the halo plans
-    are per-rank Python, so such calls take the replicated path (exact)."""
+    """Whether these DTensors hold simulated ranks (torch's LocalTensorMode active, or
+    LocalTensors inside). Under an enabled mode the handlers run sharded (`ranks`);
+    LocalTensors outside their mode, where the mesh cannot say which rank is which, take
+    the replicated path (exact)."""
     from dt_core.tracing import simulates_ranks
 
     return simulates_ranks(*(a for a in (*args, *kwargs.values()) if isinstance(a, DTensor)))

@@ -18,6 +18,8 @@ Interface (plain functions):
     int_on_rank(value, rank)                 a per-rank SymInt as `rank` sees it
     local_tensor_from({rank: tensor})        a LocalTensor from per-rank plain tensors
     mode_disabled(mode)                      context: plain torch inside (per-rank code)
+    run_per_rank(fn, *args)                  fn once per simulated rank on that rank's values,
+                                             results combined (tensors -> LocalTensor)
 """
 
 from __future__ import annotations
@@ -130,3 +132,20 @@ def mode_disabled(mode: Any) -> Iterator[None]:
     """Plain torch inside the block: per-rank code runs on plain tensors."""
     with mode.disable():
         yield
+
+
+def run_per_rank(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` as every simulated rank computes it, with the mode disabled inside.
+
+    Each LocalTensor or per-rank integer among `args` (also inside lists, tuples and
+    dicts) is replaced by that rank's value; the results are combined as torch combines
+    an op's: tensors into a LocalTensor, ints into a per-rank int (a plain int where all
+    ranks agree), tuples and lists element by element; anything else must agree on every
+    rank. `fn` must not issue collectives (the process group is fake). Without an enabled
+    LocalTensorMode this is `fn(*args)`.
+    """
+    if enabled_mode() is None:
+        return fn(*args)
+    from torch.distributed._local_tensor import maybe_run_for_local_tensor
+
+    return maybe_run_for_local_tensor(fn)(*args)
