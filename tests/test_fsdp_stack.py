@@ -21,8 +21,10 @@ def _setup() -> None:
     torch.manual_seed(0)
 
 
-def _train(reference, sharded, step_ref, step_sharded, batches, lr=0.1, loss_mesh=None):
-    """Train both models on `batches`; return (max loss error, max param error).
+def _train(reference, sharded, step_sharded, shape, loss_mesh=None, lr=0.1):
+    """Train both models for STEPS SGD steps on random (input, target) batches of `shape`:
+    the reference on whole batches (mean square error), the sharded model with
+    `step_sharded(model, batch)`; return (max loss error, max param error).
 
     The sharded loss is averaged over `loss_mesh` (the data-parallel ranks; all ranks
     when None) before it is compared with the whole-batch loss.
@@ -34,8 +36,8 @@ def _train(reference, sharded, step_ref, step_sharded, batches, lr=0.1, loss_mes
     opt_ref = torch.optim.SGD(reference.parameters(), lr=lr)
     opt = torch.optim.SGD(sharded.parameters(), lr=lr)
     loss_err = 0.0
-    for batch in batches:
-        for model, step, o in ((reference, step_ref, opt_ref), (sharded, step_sharded, opt)):
+    for batch in _batches(shape):
+        for model, step, o in ((reference, _mse_step, opt_ref), (sharded, step_sharded, opt)):
             o.zero_grad()
             loss = step(model, batch)
             loss.backward()
@@ -81,13 +83,9 @@ def _clone(model):
     return copy.deepcopy(model)
 
 
-def _mse_step(slice_of):
-    def step(model, batch):
-        x, y = batch
-        x, y = slice_of(x), slice_of(y)
-        return ((model(x) - y) ** 2).mean()
-
-    return step
+def _mse_step(model, batch):
+    x, y = batch
+    return ((model(x) - y) ** 2).mean()
 
 
 def _batches(shape, n=STEPS):
@@ -122,14 +120,7 @@ def _fsdp_tp(compile_backend: str | None, reshard: bool, mp: bool = False) -> tu
         x, y = x.chunk(2)[dp], y.chunk(2)[dp]
         return ((run(x).float() - y) ** 2).mean()
 
-    errors = _train(
-        reference,
-        model,
-        _mse_step(lambda t: t),
-        sharded_step,
-        _batches((8, 8)),
-        loss_mesh=mesh["dp"],
-    )
+    errors = _train(reference, model, sharded_step, (8, 8), loss_mesh=mesh["dp"])
     return errors, placements
 
 
@@ -168,9 +159,8 @@ def _hsdp(compile_backend: str | None) -> tuple:
     errors = _train(
         reference,
         model,
-        _mse_step(lambda t: t),
         lambda m, b: ((run(b[0].chunk(4)[rank]) - b[1].chunk(4)[rank]) ** 2).mean(),
-        _batches((8, 8)),
+        (8, 8),
     )
     return errors, placements
 
@@ -193,9 +183,8 @@ def test_hsdp_eager_and_flattened_mesh() -> None:
     errors = _train(
         reference,
         model,
-        _mse_step(lambda t: t),
         lambda m, b: ((m(b[0].chunk(4)[rank]) - b[1].chunk(4)[rank]) ** 2).mean(),
-        _batches((8, 8)),
+        (8, 8),
     )
     assert errors[0] < TOL and errors[1] < TOL, errors
 
@@ -230,14 +219,7 @@ def _fsdp_x_spatial_conv(replicated_params: bool, compiled: bool) -> tuple[float
         assert out.placements == (Shard(2),), out.placements  # stays spatially sharded
         return ((out - y) ** 2).mean().full_tensor()
 
-    return _train(
-        reference,
-        model,
-        _mse_step(lambda t: t),
-        sharded_step,
-        _batches((4, 2, 8, 6)),
-        loss_mesh=mesh["dp"],
-    )
+    return _train(reference, model, sharded_step, (4, 2, 8, 6), loss_mesh=mesh["dp"])
 
 
 @pytest.mark.ranks(4, timeout=600)
@@ -288,7 +270,7 @@ def test_fsdp_x_cp_flattened_mesh_attention() -> None:
         x, y = (t.chunk(2)[dp].chunk(2, dim=1)[cp] for t in batch)
         return ((m(x, mesh["cp"]) - y) ** 2).mean()
 
-    errors = _train(reference, model, _mse_step(lambda t: t), sharded_step, _batches((4, 8, dim)))
+    errors = _train(reference, model, sharded_step, (4, 8, dim))
     assert errors[0] < TOL and errors[1] < TOL, errors
 
 
@@ -429,14 +411,7 @@ def _compiled_fsdp_tp(backend: str) -> dict:
 
     with compile_caches(False):
         counts = _compiled_counts(run, torch.randn(4, 8)) if backend == "inductor" else []
-        errors = _train(
-            reference,
-            model,
-            _mse_step(lambda t: t),
-            sharded_step,
-            _batches((16, 8)),
-            loss_mesh=mesh["dp"],
-        )
+        errors = _train(reference, model, sharded_step, (16, 8), loss_mesh=mesh["dp"])
     return {
         "errors": errors,
         "counts": counts,
@@ -552,14 +527,7 @@ def test_eight_ranks_fsdp_x_tp_x_cp() -> None:
         x, y = (t.chunk(2)[dp].chunk(2, dim=1)[cp] for t in batch)
         return ((m(x, mesh["cp"], tp=2) - y) ** 2).mean()
 
-    errors = _train(
-        reference,
-        model,
-        _mse_step(lambda t: t),
-        sharded_step,
-        _batches((4, 8, dim)),
-        loss_mesh=fsdp_mesh,
-    )
+    errors = _train(reference, model, sharded_step, (4, 8, dim), loss_mesh=fsdp_mesh)
     assert errors[0] < TOL and errors[1] < TOL, errors
 
 

@@ -402,6 +402,21 @@ def _positions(graph: fx.Graph) -> dict[fx.Node, int]:
     return {n: i for i, n in enumerate(graph.nodes)}
 
 
+def _merge_each(
+    graph: fx.Graph,
+    buckets: list[Bucket],
+    merge: Callable[[fx.Graph, Bucket, Any], fx.Node],
+    fake_mode: Any,
+) -> None:
+    """Merge each bucket of several collectives into one; flag what remains (the merged
+    collective, or a bucket's only member) as FSDP's, for the overlap pass."""
+    for bucket in buckets:
+        node = bucket.members[0].node
+        if len(bucket.members) > 1:
+            node = merge(graph, bucket, fake_mode)
+        node.meta[FSDP_META] = True
+
+
 def bucket_graph(
     graph: fx.Graph, mode: str, cap_mb: float, fake_mode: Any, log: Callable[[str], None]
 ) -> dict[str, Any]:
@@ -418,24 +433,12 @@ def bucket_graph(
     cap_bytes = cap_mb * MB
     ag_buckets = plan_buckets(gathers, "all_gather", mode, cap_bytes)
     rs_buckets = plan_buckets(scatters, "reduce_scatter", mode, cap_bytes)
-    for bucket in ag_buckets:
-        node = bucket.members[0].node
-        if len(bucket.members) > 1:
-            node = merge_all_gathers(graph, bucket, fake_mode)
-        node.meta[FSDP_META] = True
-    for bucket in rs_buckets:
-        node = bucket.members[0].node
-        if len(bucket.members) > 1:
-            node = merge_reduce_scatters(graph, bucket, fake_mode)
-        node.meta[FSDP_META] = True
+    _merge_each(graph, ag_buckets, merge_all_gathers, fake_mode)
+    _merge_each(graph, rs_buckets, merge_reduce_scatters, fake_mode)
     # HSDP: found after the reduce-scatters are merged (their outputs feed these).
     reduces = find_hsdp_all_reduces(graph)
     ar_buckets = plan_buckets(reduces, "all_reduce", mode, cap_bytes)
-    for bucket in ar_buckets:
-        node = bucket.members[0].node
-        if len(bucket.members) > 1:
-            node = merge_all_reduces(graph, bucket, fake_mode)
-        node.meta[FSDP_META] = True
+    _merge_each(graph, ar_buckets, merge_all_reduces, fake_mode)
     stats["all_reduce_before"] = len(reduces)
     stats["all_reduce_after"] = len(ar_buckets)
     stats["all_gather_after"] = len(ag_buckets)
