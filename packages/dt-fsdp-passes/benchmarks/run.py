@@ -10,12 +10,9 @@ bytes a compiled forward keeps for backward with and without reshard_after_forwa
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
-from pathlib import Path
 from typing import Any
+
+from harness import parse_args, write_json
 
 WORLD = 2
 
@@ -24,10 +21,10 @@ def _step_times(variant: dict[str, Any], width: int, depth: int, batch: int, ste
     """On each rank: build, (compile,) warm up, time `steps` training steps."""
     import dt_fsdp_passes
     import torch
-    import torch.distributed as dist
     from dt_core.testing import cpu_mesh
     from dt_fsdp_passes.models import MLP, BlockMLP
     from dt_fsdp_passes.passes import clear_pass_log, pass_log
+    from harness import timed_steps, training_step
 
     torch._dynamo.reset()
     clear_pass_log()
@@ -41,22 +38,14 @@ def _step_times(variant: dict[str, Any], width: int, depth: int, batch: int, ste
     run = torch.compile(model) if variant.get("compile", True) else model
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(batch, width)
-    times = []
+
     try:
-        for i in range(steps + 3):
-            dist.barrier()
-            start = time.perf_counter()
-            run(x).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-            dist.barrier()
-            if i >= 3:
-                times.append(time.perf_counter() - start)
+        timed = timed_steps(training_step(run, opt, x), steps)
     finally:
         dt_fsdp_passes.configure(reset=True)
     buckets = [r for r in pass_log() if r["pass"] == "bucket"]
     return {
-        "median_s": statistics.median(times),
+        "median_s": timed["median_s"],
         "forward_output_bytes": buckets[0]["output_bytes"] if buckets else None,
         "collectives_after": [
             (r.get("all_gather_total_after"), r.get("reduce_scatter_total_after")) for r in buckets
@@ -65,11 +54,7 @@ def _step_times(variant: dict[str, Any], width: int, depth: int, batch: int, ste
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", type=Path, required=True)
-    args = parser.parse_args()
-
+    args = parse_args(__doc__)
     from dt_core.testing import get_world, shutdown_worlds
 
     width, depth, batch = 64, (8 if args.quick else 24), 32
@@ -177,9 +162,7 @@ def main() -> None:
             }
         )
     shutdown_worlds()
-    args.json.write_text(
-        json.dumps({"package": "dt-fsdp-passes", "rows": rows, "series": series}, indent=2)
-    )
+    write_json(args.json, {"package": "dt-fsdp-passes", "rows": rows, "series": series})
     for row in rows:
         value, base, ratio = row["value"], row["baseline_value"], row["ratio"]
         print(f"{row['name']}: {value:.4g} vs {base:.4g} ({ratio:.2f}x)")

@@ -2,53 +2,28 @@
 
     python packages/dt-fsdp-passes/benchmarks/vs_fsdp2.py [--quick] --json OUT.json
 
-4 ranks (gloo on 127.0.0.1, one thread each). Same bias-free MLP, same batch, SGD; on a
-1-D mesh of 4 (FSDP) and on a 2x2 dp x tp mesh (sequence-parallel TP plan, then FSDP on
-dp). Variants: simple_fsdp compiled (bucketing + overlap + dt-symm-mem fusion active),
-FSDP2 eager, FSDP2 compiled. Reports the median step time (slowest rank) and the peak
-growth of the process's resident memory during the timed steps (sampled from
-/proc/self/statm; CPU has no allocator peak counter), as ratios against FSDP2 measured in
+4 ranks (gloo on 127.0.0.1, one thread each). Same bias-free MLP, same batch, same SGD
+step (harness.training_step); on a 1-D mesh of 4 (FSDP) and on a 2x2 dp x tp mesh
+(sequence-parallel TP plan, then FSDP on dp). Variants: simple_fsdp compiled (bucketing +
+overlap + dt-symm-mem fusion active) with the default settings (4 MB buckets: the whole
+model in one) and with buckets of one layer (`bucket_cap_mb` = one layer's gathered
+bytes: FSDP2's unit, since it shards each layer on its own); FSDP2 eager and compiled.
+
+Reports the median step time (slowest rank) and the peak memory of a steady-state step
+(largest rank): the highest the bytes held by tensors allocated within one step rise,
+from torch's profiler (harness.timed_steps), so malloc's page reuse, which the earlier
+resident-memory growth measured, does not enter; as ratios against FSDP2 measured in
 the same run.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
-import threading
-import time
-from pathlib import Path
 from typing import Any
 
+from harness import parse_args, write_json
+
 WORLD = 4
-
-
-def _rss_bytes() -> int:
-    import os
-
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class _PeakRss:
-    """Samples resident memory every millisecond in a thread; `peak - start` on exit."""
-
-    def __enter__(self) -> _PeakRss:
-        self.start = self.peak = _rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.001):
-            self.peak = max(self.peak, _rss_bytes())
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.growth = self.peak - self.start
 
 
 def _build(kind: str, mesh_kind: str, width: int, depth: int) -> tuple[Any, Any]:
@@ -79,7 +54,12 @@ def _build(kind: str, mesh_kind: str, width: int, depth: int) -> tuple[Any, Any]
                 else RowwiseParallel(output_layouts=Shard(0))
             )
         parallelize_module(model, mesh["tp"], plan)
-    if kind == "simple_fsdp":
+    if kind.startswith("simple_fsdp"):
+        if kind == "simple_fsdp_per_layer":
+            import dt_fsdp_passes
+
+            tp = 1 if mesh_kind == "1d" else 2
+            dt_fsdp_passes.configure(bucket_cap_mb=width * width * 4 / tp / 2**20)
         simple_fsdp(model, fsdp_mesh)
         return model, torch.compile(model)
     for layer in model.layers:
@@ -90,35 +70,24 @@ def _build(kind: str, mesh_kind: str, width: int, depth: int) -> tuple[Any, Any]
 
 def _measure(kind: str, mesh_kind: str, width: int, depth: int, batch: int, steps: int) -> dict:
     import torch
-    import torch.distributed as dist
+    from harness import timed_steps, training_step
 
     torch.set_num_threads(1)
     torch._dynamo.reset()
     model, run = _build(kind, mesh_kind, width, depth)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(batch, width)
-    times = []
-    for i in range(steps + 3):
-        if i == 3:
-            rss = _PeakRss().__enter__()
-        dist.barrier()
-        start = time.perf_counter()
-        run(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-        dist.barrier()
-        if i >= 3:
-            times.append(time.perf_counter() - start)
-    rss.__exit__()
-    return {"median_s": statistics.median(times), "rss_growth": rss.growth}
+
+    return timed_steps(training_step(run, opt, x), steps, memory_steps=2)
+
+
+OURS = ("simple_fsdp", "simple_fsdp_per_layer")
+BASELINES = ("fsdp2_eager", "fsdp2_compiled")
+TARGETS = {"fsdp2_eager": ">= 1.3x", "fsdp2_compiled": ">= 1.0x"}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", type=Path, required=True)
-    args = parser.parse_args()
-
+    args = parse_args(__doc__)
     from dt_core.testing import get_world, shutdown_worlds
 
     width, depth, batch = 256, (4 if args.quick else 8), 64
@@ -128,35 +97,40 @@ def main() -> None:
     try:
         for mesh_kind in ("1d", "2x2"):
             results = {}
-            for kind in ("simple_fsdp", "fsdp2_eager", "fsdp2_compiled"):
+            for kind in OURS + BASELINES:
                 per_rank = world.run(
                     _measure, kind, mesh_kind, width, depth, batch, steps, timeout=900
                 )
+                # The slowest rank's median step; the largest rank's peak.
                 results[kind] = {
-                    "median_s": max(r["median_s"] for r in per_rank),
-                    "rss_growth": max(r["rss_growth"] for r in per_rank),
+                    key: max(r[key] for r in per_rank) for key in ("median_s", "peak_step_bytes")
                 }
                 print(mesh_kind, kind, results[kind], flush=True)
-            ours = results["simple_fsdp"]
-            for base in ("fsdp2_eager", "fsdp2_compiled"):
-                rows.append(
-                    {
-                        "mesh": mesh_kind,
-                        "baseline": base,
-                        "step_ms": ours["median_s"] * 1e3,
-                        "baseline_step_ms": results[base]["median_s"] * 1e3,
-                        "speedup": results[base]["median_s"] / ours["median_s"],
-                        "rss_growth_kib": ours["rss_growth"] / 1024,
-                        "baseline_rss_growth_kib": results[base]["rss_growth"] / 1024,
-                        "target": ">= 1.3x" if base == "fsdp2_eager" else ">= 1.0x",
-                    }
-                )
+            for ours in OURS:
+                for base in BASELINES:
+                    rows.append(_row(mesh_kind, ours, base, results[ours], results[base]))
     finally:
         shutdown_worlds()
     setup = {"world": WORLD, "width": width, "depth": depth, "batch_per_rank": batch}
-    args.json.write_text(json.dumps({"setup": setup, "rows": rows}, indent=2))
+    write_json(args.json, {"setup": setup, "rows": rows})
     for row in rows:
         print(json.dumps(row))
+
+
+def _row(mesh_kind: str, ours: str, base: str, mine: dict, theirs: dict) -> dict:
+    return {
+        "mesh": mesh_kind,
+        "variant": ours,
+        "baseline": base,
+        "step_ms": mine["median_s"] * 1e3,
+        "baseline_step_ms": theirs["median_s"] * 1e3,
+        "speedup": theirs["median_s"] / mine["median_s"],
+        "target": TARGETS[base],
+        "peak_step_kib": mine["peak_step_bytes"] / 1024,
+        "baseline_peak_step_kib": theirs["peak_step_bytes"] / 1024,
+        "memory_ratio": mine["peak_step_bytes"] / theirs["peak_step_bytes"],
+        "memory_target": "<= 1.0x",
+    }
 
 
 if __name__ == "__main__":

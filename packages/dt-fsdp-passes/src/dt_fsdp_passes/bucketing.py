@@ -26,7 +26,7 @@ import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import fx
@@ -76,22 +76,33 @@ class Bucket:
         return sum(m.wire_bytes for m in self.members)
 
 
-def _ag_args(node: fx.Node) -> tuple[fx.Node, int, str]:
-    args = list(node.args) + [node.kwargs.get(k) for k in ("group_size", "group_name")]
-    source, size = args[0], args[1]
-    if not isinstance(source, fx.Node) or not isinstance(size, int):
-        raise TypeError(f"dt_fsdp_passes: unexpected all_gather arguments {node.args}")
-    return source, size, str(args[2])
+class _Args(NamedTuple):
+    """A functional collective's arguments, whatever its schema: the input, the reduce op
+    (None for an all-gather), the group size (1 where the schema has none) and group."""
+
+    input: fx.Node
+    reduce_op: str | None
+    group_size: int
+    group_name: str
 
 
-def _rs_args(node: fx.Node) -> tuple[fx.Node, str, int, str]:
+def _collective_args(node: fx.Node, names: tuple[str, ...]) -> _Args:
+    """Bind `node`'s positional and keyword arguments to `names` (input first)."""
     args = list(node.args)
-    for name in ("reduce_op", "group_size", "group_name")[len(args) - 1 :]:
-        args.append(node.kwargs[name])
-    source, size = args[0], args[2]
+    args += [node.kwargs[name] for name in names[len(args) :]]
+    bound = dict(zip(names, args, strict=True))
+    source, size = bound["input"], bound.get("group_size", 1)
     if not isinstance(source, fx.Node) or not isinstance(size, int):
-        raise TypeError(f"dt_fsdp_passes: unexpected reduce_scatter arguments {node.args}")
-    return source, str(args[1]), size, str(args[3])
+        raise TypeError(f"dt_fsdp_passes: unexpected {node.target} arguments {node.args}")
+    op = bound.get("reduce_op")
+    return _Args(source, None if op is None else str(op), size, str(bound["group_name"]))
+
+
+_ARG_NAMES = {
+    ALL_GATHER: ("input", "group_size", "group_name"),
+    REDUCE_SCATTER: ("input", "reduce_op", "group_size", "group_name"),
+    ALL_REDUCE: ("input", "reduce_op", "group_name"),
+}
 
 
 _ROOT = re.compile(r"^[LG]\[[^\]]*\]")
@@ -150,83 +161,76 @@ def _flows_only_to_outputs(wait: fx.Node) -> bool:
     return True
 
 
-def find_fsdp_all_gathers(graph: fx.Graph) -> list[Collective]:
+def _find(
+    graph: fx.Graph,
+    target: Any,
+    on_group: Callable[[str], bool],
+    qualifies: Callable[[fx.Node, fx.Node, torch.Tensor, _Args], bool],
+) -> list[Collective]:
+    """Collectives `target` on a group `on_group` accepts, with a single wait and a tensor
+    input, that `qualifies(node, wait, input value, args)`; in graph order."""
     found = []
     for node in graph.nodes:
-        if not is_call(node, ALL_GATHER):
+        if not is_call(node, target):
             continue
+        args = _collective_args(node, _ARG_NAMES[target])
         wait = single_wait(node)
-        inp, size, group = _ag_args(node)
-        value = val(inp)
-        if not is_fsdp_group(group):
+        value = val(args.input)
+        if not on_group(args.group_name) or wait is None or not isinstance(value, torch.Tensor):
             continue
-        if wait is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
+        if not qualifies(node, wait, value, args):
             continue
-        if not _from_one_input(node):
-            continue
+        # Bucket sizes count gathered bytes: an all-gather's output, a reduction's input.
+        wire = nbytes(val(node)) if target is ALL_GATHER else nbytes(value)
         found.append(
             Collective(
                 node,
                 wait,
-                inp,
-                group,
-                size,
+                args.input,
+                args.group_name,
+                args.group_size,
                 value.dtype,
-                None,
-                nbytes(val(node)),
+                args.reduce_op,
+                wire,
                 _module_key(node),
             )
         )
     return found
 
 
+def find_fsdp_all_gathers(graph: fx.Graph) -> list[Collective]:
+    """FSDP parameter gathers: on an FSDP group, from one graph input (the shard)."""
+    return _find(
+        graph,
+        ALL_GATHER,
+        is_fsdp_group,
+        lambda node, wait, value, args: value.dim() > 0 and _from_one_input(node),
+    )
+
+
 def find_fsdp_reduce_scatters(graph: fx.Graph) -> list[Collective]:
-    found = []
-    for node in graph.nodes:
-        if not is_call(node, REDUCE_SCATTER):
-            continue
-        wait = single_wait(node)
-        inp, op, size, group = _rs_args(node)
-        value = val(inp)
-        if not is_fsdp_group(group):
-            continue
-        if wait is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
-            continue
-        if value.shape[0] % size != 0 or not _flows_only_to_outputs(wait):
-            continue
-        found.append(
-            Collective(
-                node, wait, inp, group, size, value.dtype, op, nbytes(value), _module_key(node)
-            )
-        )
-    return found
-
-
-def _ar_args(node: fx.Node) -> tuple[fx.Node, str, str]:
-    args = list(node.args)
-    for name in ("reduce_op", "group_name")[len(args) - 1 :]:
-        args.append(node.kwargs[name])
-    return args[0], str(args[1]), str(args[2])  # type: ignore[return-value]  # args[0]: the input node
+    """FSDP gradient reduce-scatters: on an FSDP group, the result only leaving the graph."""
+    return _find(
+        graph,
+        REDUCE_SCATTER,
+        is_fsdp_group,
+        lambda node, wait, value, args: (
+            value.dim() > 0
+            and value.shape[0] % args.group_size == 0
+            and _flows_only_to_outputs(wait)
+        ),
+    )
 
 
 def find_hsdp_all_reduces(graph: fx.Graph) -> list[Collective]:
     """HSDP gradient all-reduces: on a replicate group simple_fsdp registered, their waited
     result flowing only to graph outputs (the reduced shard gradient's way out)."""
-    found = []
-    for node in graph.nodes:
-        if not is_call(node, ALL_REDUCE):
-            continue
-        inp, op, group = _ar_args(node)
-        wait = single_wait(node)
-        value = val(inp)
-        if not is_replicate_group(group) or wait is None or not isinstance(value, torch.Tensor):
-            continue
-        if not _flows_only_to_outputs(wait):
-            continue
-        found.append(
-            Collective(node, wait, inp, group, 1, value.dtype, op, nbytes(value), _module_key(node))
-        )
-    return found
+    return _find(
+        graph,
+        ALL_REDUCE,
+        is_replicate_group,
+        lambda node, wait, value, args: _flows_only_to_outputs(wait),
+    )
 
 
 def plan_buckets(
@@ -398,6 +402,21 @@ def _positions(graph: fx.Graph) -> dict[fx.Node, int]:
     return {n: i for i, n in enumerate(graph.nodes)}
 
 
+def _merge_each(
+    graph: fx.Graph,
+    buckets: list[Bucket],
+    merge: Callable[[fx.Graph, Bucket, Any], fx.Node],
+    fake_mode: Any,
+) -> None:
+    """Merge each bucket of several collectives into one; flag what remains (the merged
+    collective, or a bucket's only member) as FSDP's, for the overlap pass."""
+    for bucket in buckets:
+        node = bucket.members[0].node
+        if len(bucket.members) > 1:
+            node = merge(graph, bucket, fake_mode)
+        node.meta[FSDP_META] = True
+
+
 def bucket_graph(
     graph: fx.Graph, mode: str, cap_mb: float, fake_mode: Any, log: Callable[[str], None]
 ) -> dict[str, Any]:
@@ -414,24 +433,12 @@ def bucket_graph(
     cap_bytes = cap_mb * MB
     ag_buckets = plan_buckets(gathers, "all_gather", mode, cap_bytes)
     rs_buckets = plan_buckets(scatters, "reduce_scatter", mode, cap_bytes)
-    for bucket in ag_buckets:
-        node = bucket.members[0].node
-        if len(bucket.members) > 1:
-            node = merge_all_gathers(graph, bucket, fake_mode)
-        node.meta[FSDP_META] = True
-    for bucket in rs_buckets:
-        node = bucket.members[0].node
-        if len(bucket.members) > 1:
-            node = merge_reduce_scatters(graph, bucket, fake_mode)
-        node.meta[FSDP_META] = True
+    _merge_each(graph, ag_buckets, merge_all_gathers, fake_mode)
+    _merge_each(graph, rs_buckets, merge_reduce_scatters, fake_mode)
     # HSDP: found after the reduce-scatters are merged (their outputs feed these).
     reduces = find_hsdp_all_reduces(graph)
     ar_buckets = plan_buckets(reduces, "all_reduce", mode, cap_bytes)
-    for bucket in ar_buckets:
-        node = bucket.members[0].node
-        if len(bucket.members) > 1:
-            node = merge_all_reduces(graph, bucket, fake_mode)
-        node.meta[FSDP_META] = True
+    _merge_each(graph, ar_buckets, merge_all_reduces, fake_mode)
     stats["all_reduce_before"] = len(reduces)
     stats["all_reduce_after"] = len(ar_buckets)
     stats["all_gather_after"] = len(ag_buckets)

@@ -124,38 +124,6 @@ def run_stage(small: bool = True) -> dict:
     }
 
 
-def _stack_model(dim: int, heads: int) -> torch.nn.Module:
-    import torch.nn.functional as F
-    from torch import nn
-
-    class Block(nn.Module):
-        """Attention (heads split over tp, sequence over cp) and an MLP (TP)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
-            self.fc1 = nn.Linear(dim, 2 * dim, bias=False)
-            self.fc2 = nn.Linear(2 * dim, dim, bias=False)
-
-        def forward(self, x: torch.Tensor, cp_mesh: Any = None, tp: int = 1) -> torch.Tensor:
-            from torch.distributed.tensor import DTensor, Shard
-
-            b, s, _ = x.shape
-            q, k, v = (
-                w(x).reshape(b, s, heads // tp, dim // heads).transpose(1, 2)
-                for w in (self.wq, self.wk, self.wv)
-            )
-            if cp_mesh is not None:
-                q, k, v = (DTensor.from_local(t, cp_mesh, [Shard(2)]) for t in (q, k, v))
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            if isinstance(o, DTensor):  # the context-parallel path (cp_mesh given)
-                o = o.to_local()
-            x = x + self.wo(o.transpose(1, 2).reshape(b, s, dim // tp))
-            return x + self.fc2(torch.relu(self.fc1(x)))
-
-    return Block()
-
-
 def run_stack_stage(small: bool = True) -> dict:
     """FSDP x TP x CP, compiled, on a multiple of 4 ranks: loss curve vs one process.
 
@@ -175,6 +143,7 @@ def run_stack_stage(small: bool = True) -> dict:
     )
 
     import dt_fsdp_passes
+    from dt_fsdp_passes.models import ParallelBlock
 
     world = dist.get_world_size()
     if world % 4:
@@ -183,7 +152,7 @@ def run_stack_stage(small: bool = True) -> dict:
     dim, heads, seq = (8, 4, 8) if small else (64, 8, 64)
     steps, lr = (4 if small else 12), 0.05
     torch.manual_seed(0)
-    reference = _stack_model(dim, heads)
+    reference = ParallelBlock(dim, heads)
     batches = [
         (torch.randn(world // 2, seq, dim), torch.randn(world // 2, seq, dim)) for _ in range(steps)
     ]

@@ -163,9 +163,7 @@ def gather(param: Any, layout: ParamLayout, mp: Any) -> torch.Tensor:
     )
     if layout.own_mesh is None:
         local = full.to_local(grad_placements=fsdp_avg)
-        if torch.compiler.is_compiling():
-            return local
-        return _LocalGradient.apply(local)
+        return _plain_gradient(local)
     local = full.to_local(grad_placements=fsdp_avg + list(layout.own_placements))
     return DTensor.from_local(
         local,
@@ -183,8 +181,7 @@ class _LocalGradient(torch.autograd.Function):
     A plain gathered parameter used with DTensor activations on another mesh dim (a conv
     weight on a spatially sharded input, which dt-conv treats as replicated) gets its
     gradient back as a DTensor there (Partial or Replicate); its sum over that dim is the
-    gradient of the plain parameter. Eager only: under torch.compile the sharded
-    layers that produce such gradients run outside the graph.
+    gradient of the plain parameter, which `to_local`'s backward expects.
     """
 
     @staticmethod
@@ -196,6 +193,19 @@ class _LocalGradient(torch.autograd.Function):
         from torch.distributed.tensor import DTensor
 
         return grad.full_tensor() if isinstance(grad, DTensor) else grad
+
+
+@torch.compiler.allow_in_graph
+def _plain_gradient(tensor: torch.Tensor) -> torch.Tensor:
+    """`_LocalGradient`, also under torch.compile.
+
+    Dynamo would trace the backward once, ahead of time, with a plain gradient (the
+    forward output's type), keeping only the identity; the DTensor gradient that arrives
+    when AOTAutograd traces the joint graph then reaches `to_local`'s backward, which
+    refuses it. Left in the graph as a call (allow_in_graph marks only this function),
+    AOTAutograd runs the real backward on the real gradient type and traces the sum.
+    """
+    return _LocalGradient.apply(tensor)
 
 
 def _without_replicate_dim(param: Any, layout: ParamLayout) -> Any:

@@ -62,6 +62,49 @@ class Block(nn.Module):
         return x + self.down(torch.relu(self.up(self.norm2(x))))
 
 
+class ParallelAttention(nn.Module):
+    """Bias-free causal self-attention (torchtitan style) ready for TP and CP: heads split
+    over tp (Colwise wq/wk/wv, Rowwise wo: pass `tp`, the tp size) and the sequence over
+    cp (pass `cp_mesh`: q/k/v become DTensors sharded on the sequence dim, which dt-cp's
+    attention handles). Without either it is the plain one-process module."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.dim, self.heads = dim, heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def attention(self, x: torch.Tensor, cp_mesh: Any = None, tp: int = 1) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Shard
+
+        b, s, _ = x.shape
+        q, k, v = (
+            w(x).reshape(b, s, self.heads // tp, self.dim // self.heads).transpose(1, 2)
+            for w in (self.wq, self.wk, self.wv)
+        )
+        if cp_mesh is not None:
+            q, k, v = (DTensor.from_local(t, cp_mesh, [Shard(2)]) for t in (q, k, v))
+        o = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if isinstance(o, DTensor):  # the context-parallel path (cp_mesh given)
+            o = o.to_local()
+        return self.wo(o.transpose(1, 2).reshape(b, s, self.dim // tp))
+
+    def forward(self, x: torch.Tensor, cp_mesh: Any = None, tp: int = 1) -> torch.Tensor:
+        return self.attention(x, cp_mesh, tp)
+
+
+class ParallelBlock(ParallelAttention):
+    """ParallelAttention and an MLP (Colwise fc1, Rowwise fc2), each with a residual."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__(dim, heads)
+        self.fc1 = nn.Linear(dim, 2 * dim, bias=False)
+        self.fc2 = nn.Linear(2 * dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cp_mesh: Any = None, tp: int = 1) -> torch.Tensor:
+        x = x + self.attention(x, cp_mesh, tp)
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
 class Transformer(nn.Module):
     def __init__(self, vocab: int = 11, dim: int = 8, heads: int = 2, depth: int = 2) -> None:
         super().__init__()

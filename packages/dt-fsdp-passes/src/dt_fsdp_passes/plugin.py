@@ -1,4 +1,5 @@
-"""Hookimpls of the `fsdp-passes` plugin: two Inductor post-grad passes.
+"""Hookimpls of the `fsdp-passes` plugin: two Inductor post-grad passes, and one patch
+that keeps torch's DTensor sharding cache from leaking stale meshes into compiles.
 
 Light at import: the pass functions live in `dt_fsdp_passes.passes`, imported only when
 Inductor's config is first imported (that is when dt-core calls this hook). The settings
@@ -9,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from dt_core import GraphPass, hookimpl
+from dt_core import GraphPass, Patch, hookimpl
 
 from dt_fsdp_passes.config import settings
 
-DT_API = ">=1.0,<2"  # dt-core hook API this plugin is written for
+DT_API = ">=1.1,<2"  # dt-core hook API this plugin is written for (1.1: dt_patches)
 
 # Order within the post_grad_post stage (other plugins' passes default to 0):
 # - bucketing runs first, so FSDP's gradient reduce-scatters (mm -> reduce_scatter on the
@@ -50,3 +51,14 @@ def dt_graph_passes() -> list[GraphPass]:
         GraphPass("bucket", _bucket, order=BUCKET_ORDER, settings=_settings),
         GraphPass("overlap", _overlap, order=OVERLAP_ORDER, settings=_settings),
     ]
+
+
+@hookimpl
+def dt_patches() -> list[Patch]:
+    """Each torch.compile starts with DTensor's C++ sharding cache empty: entries made by
+    earlier eager runs carry other (equal) mesh objects, which break AOTAutograd's
+    partitioning of FSDP x TP graphs ("tangents_N was invalid, but is output"; see
+    `fresh_sharding_cache_per_compile_patch`)."""
+    from dt_core.compat.fsdp import fresh_sharding_cache_per_compile_patch
+
+    return [fresh_sharding_cache_per_compile_patch()]

@@ -6,6 +6,7 @@ Interface:
     same_rank_map(a, b), concatenate_meshes([m, ...]) (n-D meshes for DTensor parameters)
     strided_shard(dim, split_factor), is_strided_shard(p)  (FSDP over a TP-sharded dim)
     flatten_mesh(mesh, name)                         (one dim from several: dp x cp)
+    fresh_sharding_cache_per_compile_patch() -> Patch (torch's DTensor cache vs. tracing)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..contributions import Patch
 from . import ensure_supported_torch
 
 CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
@@ -72,3 +74,42 @@ def flatten_mesh(mesh: Any, name: str) -> Any:
     `name`; DeviceMesh._flatten in torch 2.13."""
     ensure_supported_torch(CHECKED_WITH_TORCH)
     return mesh._flatten(name)
+
+
+def _clearing_sharding_cache_first(original: Callable[..., None]) -> Callable[..., None]:
+    """torch's `run_start_callbacks` (`original`), after emptying DTensor's C++ sharding
+    propagation cache."""
+    import torch
+
+    def run_start_callbacks(self: Any, args: Any) -> None:
+        torch._C._clear_DTensor_sharding_propagator_cache()
+        original(self, args)
+
+    return run_start_callbacks
+
+
+def fresh_sharding_cache_per_compile_patch() -> Patch:
+    """Empty DTensor's C++ sharding cache whenever a torch.compile starts (a dt-core Patch
+    of Dynamo's compile-start callback runner; dt-fsdp-passes contributes it).
+
+    torch 2.13's C++ DTensor dispatch caches each op's output sharding by value: an
+    equal DeviceMesh (same ranks, layout and names) hits an entry made with another mesh
+    object, e.g. `mesh["tp"]` sliced again (each slice is a new object), and the entry's
+    output spec carries that old object. Unlike the Python cache, the C++ one is used
+    while tracing. Under AOTAutograd a DTensor's mesh is an opaque graph input tracked by
+    object identity, so a DTensor output whose mesh came from such a hit names a mesh no
+    graph input holds; the tangent AOTAutograd builds from that output then provides it,
+    and the forward graph returns a tangent: the partitioner fails with "Node tangents_N
+    was invalid, but is output". It happens only after an eager run of the same op
+    shapes in the process filled the cache (an earlier test or training phase). Emptying
+    the cache when a compile begins makes every entry used while tracing one made with
+    this trace's meshes; eager code pays one cache miss per op after each compile.
+    """
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    return Patch(
+        "torch._dynamo.callback:CompilationCallbackHandler",  # imported at install
+        "run_start_callbacks",
+        _clearing_sharding_cache_first,
+        torch_versions=CHECKED_WITH_TORCH,
+        wrap_original=True,
+    )
