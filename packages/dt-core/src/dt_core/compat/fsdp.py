@@ -11,7 +11,7 @@ Interface:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..contributions import Patch
