@@ -135,12 +135,6 @@ def test_interpolate_pool_pad(mesh_shape: tuple[int, ...], record_property: Any)
     check(cases, mesh_shape, record_property)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dt-conv: under LocalTensorMode F.pad(mode='circular') on Shard(2) / Shard(3) "
-    "runs torch's composite and returns a Replicate DTensor (values exact, no "
-    "FallbackWarning); every other pad mode, and spawned ranks, keep the input's Shard",
-)
 def test_circular_pad_keeps_layout_under_local_tensor_mode(record_property: Any) -> None:
     check([c for c in tp.pad_cases(_spatial((2,))) if _circular(c)], (2,), record_property)
 

@@ -113,7 +113,8 @@ class Patch:
 
     `target` is a module, class or other object, or names one as "package.module" or
     "package.module:Class" — the light form: the hook then imports nothing, and dt-core
-    imports the module only when it installs the patch (with DTensor's part).
+    patches the target as soon as torch imports that module (at once if it already has),
+    never importing it itself, so a patch of e.g. Dynamo costs `import torch` nothing.
 
     With `wrap_original=True`, `replacement(original)` is called at install and its
     result installed (a wrapper around torch's function). `torch_versions` ("" = any,

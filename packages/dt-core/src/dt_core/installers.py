@@ -40,15 +40,21 @@ def _install_when_defined(library_ops: contributions.LibraryOps, module_name: st
     never imports it itself: before that import the ops do not exist in torch either,
     and importing it eagerly would put its cost on every `import torch`."""
     library.check_defining_module(module_name)
+    return _once_imported(module_name, lambda: _register_library(library_ops))
+
+
+def _once_imported(module_name: str, install: Callable[[], Undo]) -> Undo:
+    """`install()` as soon as `module_name` has been imported (at once if it already is);
+    the undo forgets a still-waiting install or undoes a done one."""
     undo: list[Undo] = []
 
-    def register(module: object) -> None:
-        undo.append(_register_library(library_ops))
+    def on_import(module: object) -> None:
+        undo.append(install())
 
-    import_hooks.when_imported(module_name, register)
+    import_hooks.when_imported(module_name, on_import)
 
     def remove() -> None:
-        if not import_hooks.cancel_callback(module_name, register):
+        if not import_hooks.cancel_callback(module_name, on_import):
             for step in undo:
                 step()
 
@@ -122,6 +128,13 @@ def install_patch(owner: str, patch: contributions.Patch) -> Undo:
             f"{patch.claim()} was checked with torch {patch.torch_versions}, "
             f"not {torch_version()}: upgrade the plugin"
         )
+    if isinstance(patch.target, str):  # the light form: patch once torch imports it
+        module_name = patch.target.split(":")[0]
+        return _once_imported(module_name, lambda: _apply_patch(patch))
+    return _apply_patch(patch)
+
+
+def _apply_patch(patch: contributions.Patch) -> Undo:
     target = patch_target(patch)
     if not hasattr(target, patch.attribute):
         raise DtPluginError(

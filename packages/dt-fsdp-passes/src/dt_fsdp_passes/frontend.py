@@ -21,7 +21,13 @@ import torch
 from torch import nn
 
 from dt_fsdp_passes.groups import register as register_groups
-from dt_fsdp_passes.layout import ParamLayout, check_fsdp_mesh, gather, shard_parameter
+from dt_fsdp_passes.layout import (
+    ParamLayout,
+    allow_plain_gradient_in_graph,
+    check_fsdp_mesh,
+    gather,
+    shard_parameter,
+)
 
 _SUBCLASS_CACHE: dict[tuple[type, tuple[str, ...]], type] = {}
 
@@ -154,6 +160,7 @@ def simple_fsdp(
     Returns `module`. Every rank must call this with identical parameters (same seed).
     """
     check_fsdp_mesh(mesh)
+    allow_plain_gradient_in_graph()
     spec = _GatherSpec(mp_policy or MixedPrecision(), bool(reshard_after_forward))
     for submodule in list(module.modules()):
         params = {name: p for name, p in submodule._parameters.items() if p is not None}

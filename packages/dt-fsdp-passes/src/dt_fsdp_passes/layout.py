@@ -195,7 +195,16 @@ class _LocalGradient(torch.autograd.Function):
         return grad.full_tensor() if isinstance(grad, DTensor) else grad
 
 
-@torch.compiler.allow_in_graph
+def allow_plain_gradient_in_graph() -> None:
+    """Let Dynamo keep `_plain_gradient` as one call in the graph (see its docstring).
+
+    `simple_fsdp` calls it, not this module's import: marking a function loads Dynamo
+    (~1 s), which `import torch` with the plugin installed must not pay. It marks only
+    our own function, as a decorator would.
+    """
+    torch.compiler.allow_in_graph(_plain_gradient)
+
+
 def _plain_gradient(tensor: torch.Tensor) -> torch.Tensor:
     """`_LocalGradient`, also under torch.compile.
 

@@ -107,7 +107,7 @@ def fresh_sharding_cache_per_compile_patch() -> Patch:
     """
     ensure_supported_torch(CHECKED_WITH_TORCH)
     return Patch(
-        "torch._dynamo.callback:CompilationCallbackHandler",  # imported at install
+        "torch._dynamo.callback:CompilationCallbackHandler",  # patched once torch imports it
         "run_start_callbacks",
         _clearing_sharding_cache_first,
         torch_versions=CHECKED_WITH_TORCH,
