@@ -214,3 +214,22 @@ def test_library_ops_wait_for_the_torch_module_that_defines_them() -> None:
         installers.install_library_ops(
             "probe", LibraryOps("dt_core_probe", calls.append, defined_in="numpy")
         )
+
+
+def test_patches_named_by_module_wait_for_its_import() -> None:
+    """A Patch naming its target by module patches once torch imports it, never importing
+    it itself; undoing a still-waiting patch forgets it."""
+    import sys
+
+    from dt_core import Patch, import_hooks, installers
+
+    waiting = "torch.dt_core_probe_never_imported"
+    undo = installers.install_patch("probe", Patch(f"{waiting}:Thing", "attr", 1))
+    assert waiting not in sys.modules and waiting in import_hooks.pending()
+    undo()
+    assert waiting not in import_hooks.pending()
+    probe = torch.nn.Module  # already imported: patched at once, put back by the undo
+    undo = installers.install_patch("probe", Patch("torch.nn:Module", "dt_core_probe", 7))
+    assert probe.dt_core_probe == 7
+    undo()
+    assert not hasattr(probe, "dt_core_probe")

@@ -21,10 +21,19 @@ _lock = threading.RLock()
 _callbacks: dict[str, list[Callback]] = {}
 
 
+# Modules whose code has run and whose callbacks are running now: importlib still marks
+# them initializing, but a callback asking for them (e.g. a patch installed while
+# DTensor's import activates the plugins) must be served at once, not wait for an
+# import that has already happened.
+_firing: set[str] = set()
+
+
 def _is_loaded(name: str) -> bool:
     module = sys.modules.get(name)
     if module is None:
         return False
+    if name in _firing:
+        return True
     spec = getattr(module, "__spec__", None)
     return not getattr(spec, "_initializing", False)
 
@@ -34,16 +43,21 @@ def _fire(name: str, module: ModuleType) -> None:
         callbacks = _callbacks.pop(name, [])
         if not _callbacks:
             _uninstall_finder()
-    for callback in callbacks:
-        try:
-            callback(module)
-        except Exception as error:  # noqa: BLE001 - an import must never break because of us
-            warnings.warn(
-                f"dt-core: a callback after importing {name} failed: "
-                f"{type(error).__name__}: {error}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        _firing.add(name)
+    try:
+        for callback in callbacks:
+            try:
+                callback(module)
+            except Exception as error:  # noqa: BLE001 - an import must never break because of us
+                warnings.warn(
+                    f"dt-core: a callback after importing {name} failed: "
+                    f"{type(error).__name__}: {error}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+    finally:
+        with _lock:
+            _firing.discard(name)
 
 
 class _NotifyingLoader(importlib.abc.Loader):
