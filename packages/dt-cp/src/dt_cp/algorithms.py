@@ -139,7 +139,8 @@ class Schedule(NamedTuple):
     def ring(cls, shards: Shards) -> Schedule:
         """Chunks of at most `RING_CHUNK_ROWS` (the same count on every rank)."""
         longest = max(shards.kv_layout.sizes())
-        return cls(max(1, -(-longest // RING_CHUNK_ROWS)), RING_PREFETCH_CHUNKS)
+        chunks = max(1, -(-longest // RING_CHUNK_ROWS))
+        return cls(chunks, RING_PREFETCH_CHUNKS, blocks.RING_RANGE_ROWS)
 
     @classmethod
     def allgather(cls, shards: Shards) -> Schedule:

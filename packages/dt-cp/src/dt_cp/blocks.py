@@ -35,6 +35,9 @@ MAX_RANGE_ROWS = 1024
 # fused kernel faster (one thread, 2 heads x 128: 84 GFLOP/s forward / 81 backward on
 # 1024-row calls, 91 / 92 on 4096-row ones), and the all-gather's memory is O(S) regardless.
 GATHERED_RANGE_ROWS = 4096
+# The ring's calls: 2048 rows took its fwd+bwd from 1.17x to 1.10x of one process at
+# S=16k, P=2 (quiet machine, 2026-11-25) for 54 -> 59 MB peak per rank (4096: 1.10x, 73 MB).
+RING_RANGE_ROWS = 2048
 # The same when a BlockMask's sparsity can skip pieces (flex attention), whatever the above.
 SPARSE_RANGE_ROWS = 512
 # dt-cp's counters (dt-core's kit): "score_elements", the (query, key) scores this
