@@ -16,7 +16,7 @@ from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from . import ranks
-from .backward_overlap import overlapped_gradients
+from .backward_overlap import overlapped_gradients, overlaps_here
 from .channels import (
     ChannelLayout,
     bias_gradient,
@@ -65,7 +65,7 @@ def convolution_backward_handler(
         groups = local_groups(layout, groups, x)
         xl = x.to_local()
         gi: torch.Tensor | None
-        if plan.splits and mask[0] and mask[1] and _overlap_here(plan, xl, g):
+        if overlaps_here(plan.spatial, xl, g, mask):
             gi, gw, gb = _overlapped_gradients(plan, layout, g, xl, w, bias_sizes, groups, mask)
         else:
             # peers may need this rank's rows even where it has nothing to compute
@@ -108,14 +108,6 @@ def _reduced(
     partial = [Partial() if m in dims else p for m, p in enumerate(target)]
     dt = as_dtensor(local, plan.mesh, partial, full_shape)
     return dt.redistribute(plan.mesh, target).to_local()
-
-
-def _overlap_here(plan: ConvPlan, xl: torch.Tensor, g: torch.Tensor) -> bool:
-    """Whether this (real) rank computes while its halos travel: it has a window and an
-    output gradient. Simulated ranks take the exchange-first path (overlap is per rank)."""
-    if ranks.simulated():
-        return False
-    return 0 not in window_shape(plan.spatial, xl.shape) and g.numel() > 0
 
 
 def _window_gradients(

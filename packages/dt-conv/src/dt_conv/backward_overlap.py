@@ -10,16 +10,28 @@ last gradient exchange do, and the others run in between.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
 
+from . import ranks
 from .halo import PendingScatter, PendingWindow, scatter_add_window
 from .plan import SpatialPlan
 from .spatial import window_shape
 
 WeightGrads = TypeVar("WeightGrads")
+
+
+def overlaps_here(
+    plan: SpatialPlan, local: torch.Tensor, grad_out: torch.Tensor, mask: Sequence[bool]
+) -> bool:
+    """Whether this (real) rank computes both gradients while its halos travel: both are
+    wanted, and it has a window and an output gradient. Simulated ranks take the
+    exchange-first path (overlap is per rank)."""
+    if ranks.simulated() or not (plan.splits and mask[0] and mask[1]):
+        return False
+    return 0 not in window_shape(plan, local.shape) and grad_out.numel() > 0
 
 
 def overlapped_gradients(

@@ -20,7 +20,7 @@ from dt_core.kit import replicated, reshard_like
 from torch.distributed.tensor import DTensor, Replicate
 
 from . import ranks
-from .backward_overlap import overlapped_gradients
+from .backward_overlap import overlapped_gradients, overlaps_here
 from .geometry import DimSplit, Transposed, expand
 from .halo import scatter_add_window
 from .partial_sums import summed
@@ -214,7 +214,7 @@ def backward(
         gi: Any
         gw: Any
         gb: Any  # each a tensor where `mask` asks for it
-        if _overlap_here(sp, xl, g, mask):
+        if overlaps_here(sp, xl, g, mask):
             gi, gw = overlapped_gradients(
                 sp,
                 xl,
@@ -238,14 +238,6 @@ def backward(
             full_b = summed(gb, mesh, plan.reduce_mesh_dims)
             grad_bias = as_dtensor(full_b, mesh, [Replicate()] * mesh.ndim, full_b.shape)
     return grad_input, grad_weight, grad_bias
-
-
-def _overlap_here(sp: SpatialPlan, xl: torch.Tensor, g: torch.Tensor, mask: Sequence[bool]) -> bool:
-    """Whether this (real) rank computes both gradients while its halos travel: it has a
-    window and an output gradient. Simulated ranks take the exchange-first path."""
-    if ranks.simulated() or not (sp.splits and mask[0] and mask[1]):
-        return False
-    return 0 not in window_shape(sp, xl.shape) and g.numel() > 0
 
 
 def _bias_gradient(g: torch.Tensor) -> torch.Tensor:
