@@ -379,24 +379,26 @@ def interpolate_cases(layouts: Sequence[tuple[Placement, ...]], seed: int = 30) 
         for lay in layouts
         for name, kw in modes.items()
     ]
+    return cases + _first_dim_sharded(
+        layouts,
+        seed,
+        ("interpolate linear 1-D", _interp(scale_factor=3, mode="linear"), (2, 3, 5)),
+        ("interpolate trilinear 3-D", _interp(scale_factor=2, mode="trilinear"), (1, 2, 3, 5, 4)),
+    )
+
+
+def _first_dim_sharded(
+    layouts: Sequence[tuple[Placement, ...]],
+    seed: int,
+    *ops: tuple[str, Callable[[Any], Any], tuple[int, ...]],
+) -> list[Case]:
+    """1-D and 3-D variants: `(name, fn, input shape)` each, the input's first spatial dim
+    sharded over the first mesh dim (seeds seed+1, seed+2, ...), layout kept."""
     one_d = (Shard(2),) + (Replicate(),) * (len(layouts[0]) - 1)
-    cases.append(
-        Case(
-            "interpolate linear 1-D",
-            _interp(scale_factor=3, mode="linear"),
-            (Operand(randn(2, 3, 5, seed=seed + 1), one_d),),
-            keeps_layout=True,
-        )
-    )
-    cases.append(
-        Case(
-            "interpolate trilinear 3-D",
-            _interp(scale_factor=2, mode="trilinear"),
-            (Operand(randn(1, 2, 3, 5, 4, seed=seed + 2), one_d),),
-            keeps_layout=True,
-        )
-    )
-    return cases
+    return [
+        Case(name, fn, (Operand(randn(*shape, seed=seed + i), one_d),), keeps_layout=True)
+        for i, (name, fn, shape) in enumerate(ops, 1)
+    ]
 
 
 def pool_cases(layouts: Sequence[tuple[Placement, ...]], seed: int = 40) -> list[Case]:
@@ -416,22 +418,12 @@ def pool_cases(layouts: Sequence[tuple[Placement, ...]], seed: int = 40) -> list
         for lay in layouts
         for name, fn in ops.items()
     ]
-    one_d = (Shard(2),) + (Replicate(),) * (len(layouts[0]) - 1)
-    cases += [
-        Case(
-            "max_pool1d k3 s2",
-            lambda t: F.max_pool1d(t, 3, 2),
-            (Operand(randn(2, 3, 11, seed=seed + 1), one_d),),
-            keeps_layout=True,
-        ),
-        Case(
-            "avg_pool3d k2",
-            lambda t: F.avg_pool3d(t, 2),
-            (Operand(randn(1, 2, 6, 4, 4, seed=seed + 2), one_d),),
-            keeps_layout=True,
-        ),
-    ]
-    return cases
+    return cases + _first_dim_sharded(
+        layouts,
+        seed,
+        ("max_pool1d k3 s2", lambda t: F.max_pool1d(t, 3, 2), (2, 3, 11)),
+        ("avg_pool3d k2", lambda t: F.avg_pool3d(t, 2), (1, 2, 6, 4, 4)),
+    )
 
 
 def pad_cases(layouts: Sequence[tuple[Placement, ...]], seed: int = 50) -> list[Case]:
