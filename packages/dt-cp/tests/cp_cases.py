@@ -93,14 +93,9 @@ def sdpa(**kw: Any) -> Callable[..., torch.Tensor]:
 
 def run_all(cases: list[tuple[str, Callable[[], str | None]]]) -> None:
     """Every case must pass without any dt-cp fallback warning."""
-    import warnings
+    from dt_core.testing.cases import expect_exact
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        failures = [f for _, fn in cases if (f := fn()) is not None]
-    fell_back = sorted({str(w.message) for w in caught if "dt-cp" in str(w.message)})
-    assert not fell_back, fell_back
-    assert not failures, f"{len(failures)}/{len(cases)} cases wrong:\n" + "\n".join(failures)
+    expect_exact("cp", [fn for _, fn in cases])
 
 
 # --- the sweeps' random cases --------------------------------------------------------------
