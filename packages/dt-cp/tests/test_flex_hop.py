@@ -82,12 +82,14 @@ def test_torch_flex_attention_on_dtensors() -> None:
 @pytest.mark.ranks(2)
 def test_deprecated_install_flex_rule_still_works_and_is_undone() -> None:
     import dt_cp
+    import torch.nn.attention.flex_attention as front_end
     from dt_core.compat.attention import flex_attention_hops
     from dt_cp.flex_hop import hop_forward
     from torch.distributed.tensor import DTensor
 
     hop, hop_b = flex_attention_hops()
     plugin_rules = (hop.python_key_table[DTensor], hop_b.python_key_table[DTensor])
+    device_check = front_end._validate_device
     with pytest.warns(DeprecationWarning, match="no longer needed"):
         dt_cp.install_flex_rule()
     try:
@@ -95,6 +97,7 @@ def test_deprecated_install_flex_rule_still_works_and_is_undone() -> None:
     finally:
         dt_cp.remove_flex_rule()
     assert (hop.python_key_table[DTensor], hop_b.python_key_table[DTensor]) == plugin_rules
+    assert front_end._validate_device is device_check
 
 
 @pytest.mark.ranks(2)

@@ -214,7 +214,11 @@ def install_flex_rule() -> None:
 
 def remove_flex_rule() -> None:
     """Deprecated with `install_flex_rule`, which it undoes."""
-    from dt_core.compat.attention import flex_attention_hops, remove_hop_subclass_impl
+    from dt_core.compat.attention import (
+        flex_attention_hops,
+        remove_hop_subclass_impl,
+        restore_flex_cpu_backward_check,
+    )
 
     hop, hop_b = flex_attention_hops()
 
@@ -222,3 +226,4 @@ def remove_flex_rule() -> None:
         return
     remove_hop_subclass_impl(hop, DTensor, _installed.pop("forward"))
     remove_hop_subclass_impl(hop_b, DTensor, _installed.pop("backward"))
+    restore_flex_cpu_backward_check()  # what install_flex_rule's defer replaced, if anything
