@@ -23,12 +23,6 @@ def chunk_range(size: int, parts: int, index: int) -> Range:
     return start, min(start + step, size)
 
 
-def intersect(a: Range, b: Range) -> Range:
-    """Overlap of two ranges (empty ranges come back as (x, x))."""
-    start = max(a[0], b[0])
-    return start, max(start, min(a[1], b[1]))
-
-
 def conv_out_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
     """Output length of a zero-padded convolution along one dim."""
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1

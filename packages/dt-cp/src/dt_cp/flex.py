@@ -27,10 +27,6 @@ from .sparsity import BlockVisibility
 LN2 = math.log(2.0)
 
 
-def _noop_mask(b: Any, h: Any, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-    return torch.ones((), dtype=torch.bool, device=q_idx.device)
-
-
 def create_block_mask(
     mask_mod: Callable[..., torch.Tensor],
     B: int | None,

@@ -12,7 +12,6 @@ orders of the same graph use them.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,7 +137,3 @@ def estimate_peak_bytes(order: Sequence[fx.Node]) -> int:
         peak = max(peak, live)
         live -= frees.pop(i, 0)
     return peak
-
-
-def mb(value: float) -> float:
-    return value / (1024 * 1024) if math.isfinite(value) else value

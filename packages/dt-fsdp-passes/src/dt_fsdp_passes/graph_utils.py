@@ -117,10 +117,6 @@ def apply_order(graph: fx.Graph, order: list[fx.Node]) -> None:
         cursor = node
 
 
-def first_user_index(node: fx.Node, index: dict[fx.Node, int]) -> int:
-    return min((index[u] for u in node.users), default=len(index))
-
-
 def topo_valid(nodes: Iterable[fx.Node]) -> bool:
     """Every node's inputs come before it (a check for tests and debugging)."""
     seen: set[fx.Node] = set()
