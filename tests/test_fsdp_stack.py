@@ -380,6 +380,7 @@ def _compiled_fsdp_tp(backend: str) -> dict:
     from dt_core.testing import cpu_mesh
     from dt_core.testing.compiled import compile_caches
     from dt_fsdp_passes import simple_fsdp
+    from dt_fsdp_passes.config import settings as fsdp_settings
     from dt_fsdp_passes.passes import clear_pass_log, pass_log
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.parallel import (
@@ -409,7 +410,10 @@ def _compiled_fsdp_tp(backend: str) -> dict:
         # A DTensor loss: the mean over the dp rank's tokens, all TP ranks together.
         return ((run(x) - target) ** 2).mean().full_tensor()
 
-    with compile_caches(False):
+    # Size buckets (4 MB): the whole model is one bucket, so the counts below show FSDP's
+    # bucketing next to TP's fusion. The default, one bucket per block, would leave these
+    # four equal top-level linears unmerged (test_bucket_plan, test_compiled_training).
+    with compile_caches(False), fsdp_settings.scoped(mode="size"):
         counts = _compiled_counts(run, torch.randn(4, 8)) if backend == "inductor" else []
         errors = _train(reference, model, sharded_step, (16, 8), loss_mesh=mesh["dp"])
     return {
@@ -463,12 +467,13 @@ def test_compiled_hsdp_buckets_reduce_scatters_and_replicate_all_reduces() -> No
     from dt_core.testing import cpu_mesh
     from dt_core.testing.compiled import compile_caches
     from dt_fsdp_passes import simple_fsdp
+    from dt_fsdp_passes.config import settings as fsdp_settings
 
     _setup()
     torch._dynamo.reset()
     mesh = cpu_mesh((2, 2), ("rep", "shard"))
     run = torch.compile(simple_fsdp(_sp_mlp(), mesh), fullgraph=True)
-    with compile_caches(False):
+    with compile_caches(False), fsdp_settings.scoped(mode="size"):  # one bucket, as above
         forward, backward = _compiled_counts(run, torch.randn(4, 8))[:2]
     assert forward["all_gather_into_tensor"] == 1, forward
     # Gradients: one reduce-scatter over "shard", then one all-reduce over "rep" at shard

@@ -95,9 +95,10 @@ def main() -> None:
     if not args.quick:
         no_overlap = measure({"settings": {"mode": "size", "overlap": False}})
         # One weight per layer makes "one bucket per layer" one collective per parameter,
-        # i.e. no bucketing: per-module buckets are measured on 4-linear blocks instead.
-        per_module = measure({"settings": {"mode": "module"}, "blocks": True})
-        per_module_flat = measure({"settings": {"mode": "module"}})
+        # i.e. no bucketing: per-block buckets (the default, mode="auto") are measured on
+        # 4-linear blocks instead.
+        per_module = measure({"settings": {"mode": "auto"}, "blocks": True})
+        per_module_flat = measure({"settings": {"mode": "auto"}})
         unbucketed_blocks = measure({"settings": {"mode": "off"}, "blocks": True})
         keep = measure({"settings": {"mode": "size"}, "reshard": False})
         rows += [
@@ -110,23 +111,24 @@ def main() -> None:
                 "reordering by the analytical cost model; CPU compute and gloo share 2 cores",
             ),
             _row(
-                "compiled step, per-module buckets vs unbucketed",
+                "compiled step, default per-block buckets vs unbucketed",
                 per_module["median_s"],
                 "compiled, unbucketed",
                 unbucketed_blocks["median_s"],
                 ">= 1.3x",
-                f"same {depth} linears in blocks of 4 (module mode: one bucket per block); "
+                f"same {depth} linears in blocks of 4 (mode auto, the default: one bucket per "
+                "block, equal blocks so none merge); "
                 f"collectives (AG, RS) per graph: {per_module['collectives_after']} vs "
                 f"{unbucketed_blocks['collectives_after']}",
             ),
             _row(
-                "compiled step, per-module buckets on one-linear layers vs unbucketed",
+                "compiled step, default per-block buckets on one-linear layers vs unbucketed",
                 per_module_flat["median_s"],
                 "compiled, unbucketed",
                 unbucketed["median_s"],
                 "~1x (nothing to merge)",
-                "one bucket per MLP layer = one per parameter: the same collectives as "
-                "unbucketed, plus the bucket's copies",
+                "one bucket per MLP layer = one per parameter (no layer is smaller than "
+                "another to merge with): the same collectives as unbucketed",
             ),
         ]
         saved_reshard = bucketed["forward_output_bytes"]

@@ -5,9 +5,11 @@
 4 ranks (gloo on 127.0.0.1, one thread each). Same bias-free MLP, same batch, same SGD
 step (harness.training_step); on a 1-D mesh of 4 (FSDP) and on a 2x2 dp x tp mesh
 (sequence-parallel TP plan, then FSDP on dp). Variants: simple_fsdp compiled (bucketing +
-overlap + dt-symm-mem fusion active) with the default settings (4 MB buckets: the whole
-model in one) and with buckets of one layer (`bucket_cap_mb` = one layer's gathered
-bytes: FSDP2's unit, since it shards each layer on its own); FSDP2 eager and compiled.
+overlap + dt-symm-mem fusion active) with the default settings (mode="auto": one bucket
+per block, neighbours merged within the largest block; here one layer per bucket, FSDP2's
+unit, since it shards each layer on its own) and with mode="size" at the 4 MB cap (the
+whole 2 MiB model in one bucket: fewer collectives, more gathered at once); FSDP2 eager
+and compiled.
 
 Reports the median step time (slowest rank) and the peak memory of a steady-state step
 (largest rank): the highest the bytes held by tensors allocated within one step rise,
@@ -55,11 +57,9 @@ def _build(kind: str, mesh_kind: str, width: int, depth: int) -> tuple[Any, Any]
             )
         parallelize_module(model, mesh["tp"], plan)
     if kind.startswith("simple_fsdp"):
-        if kind == "simple_fsdp_per_layer":
-            import dt_fsdp_passes
+        import dt_fsdp_passes
 
-            tp = 1 if mesh_kind == "1d" else 2
-            dt_fsdp_passes.configure(bucket_cap_mb=width * width * 4 / tp / 2**20)
+        dt_fsdp_passes.configure(reset=True, mode="size" if kind == "simple_fsdp_size" else "auto")
         simple_fsdp(model, fsdp_mesh)
         return model, torch.compile(model)
     for layer in model.layers:
@@ -81,7 +81,7 @@ def _measure(kind: str, mesh_kind: str, width: int, depth: int, batch: int, step
     return timed_steps(training_step(run, opt, x), steps, memory_steps=2)
 
 
-OURS = ("simple_fsdp", "simple_fsdp_per_layer")
+OURS = ("simple_fsdp", "simple_fsdp_size")
 BASELINES = ("fsdp2_eager", "fsdp2_compiled")
 TARGETS = {"fsdp2_eager": ">= 1.3x", "fsdp2_compiled": ">= 1.0x"}
 

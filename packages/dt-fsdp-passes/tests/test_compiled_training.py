@@ -128,7 +128,7 @@ def _transformer_by_module() -> dict:
 
     torch._dynamo.reset()
     clear_pass_log()
-    dt_fsdp_passes.configure(mode="module", overlap=True)
+    dt_fsdp_passes.configure(reset=True)  # the default: mode="auto"
     sharded = dt_fsdp_passes.simple_fsdp(twin(reference), mesh)
     try:
         with compile_caches(False):
@@ -141,14 +141,18 @@ def _transformer_by_module() -> dict:
 
 
 @pytest.mark.ranks(2, timeout=300)
-def test_transformer_eager_and_compiled_per_module_buckets() -> None:
+def test_transformer_eager_and_compiled_default_buckets_per_block() -> None:
     result = _transformer_by_module()
     for name in ("eager", "compiled"):
         errors = result[name]
         assert errors["loss"] < TOL and errors["params"] < TOL, (name, errors)
     forward, backward = result["bucket"][:2]
-    blocks = [["embed"], ["layers.0"], ["layers.1"], ["norm"], ["head"]]
+    assert forward["settings"]["mode"] == "auto"
+    # One bucket per block; the small norm (16 floats) and head (99) share one, within the
+    # largest block (a layer, 600 floats); embed (88) + layers.0 would not fit.
+    blocks = [["embed"], ["layers.0"], ["layers.1"], ["head", "norm"]]
     assert forward["bucket_modules"] == blocks
+    assert max(forward["all_gather_bucket_bytes"]) == 4 * 600
     assert forward["all_gather_before"] == 1 + 2 * 12 + 2 + 2  # embed, 2 blocks, norm, head
     assert forward["all_gather_after"] == len(blocks)
     assert backward["reduce_scatter_after"] == len(blocks)

@@ -110,7 +110,8 @@ _WRAPPER_PARTS = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_modu
 
 
 def _module_key(node: fx.Node) -> str | None:
-    """The block a collective belongs to: `child` or `child.<index>` below the root module.
+    """The block a collective belongs to: below the root module, the path down to the first
+    ModuleList / Sequential index (`layers.0`, `encoder.layers.3`), else the top-level child.
 
     Read from the module path Dynamo records in node meta (`L['self'].layers.0.fc1`, or
     `fwd_nn_module_stack` on backward nodes); wrapper attributes are skipped.
@@ -126,8 +127,10 @@ def _module_key(node: fx.Node) -> str | None:
     parts = [p for p in parts if p and p not in _WRAPPER_PARTS]
     if not parts:
         return "<root>"
-    key = parts[:2] if len(parts) > 1 and parts[1].isdigit() else parts[:1]
-    return ".".join(key)
+    # The block: down to the first ModuleList / Sequential index (`encoder.layers.3`),
+    # else the top-level child.
+    index = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    return ".".join(parts[: index + 1] if index is not None else parts[:1])
 
 
 def _from_one_input(node: fx.Node) -> bool:
@@ -233,31 +236,58 @@ def find_hsdp_all_reduces(graph: fx.Graph) -> list[Collective]:
     )
 
 
+def _compatible(a: Collective, b: Collective) -> bool:
+    """Can share one collective: same group, dtype and reduce op."""
+    return (a.group_name, a.group_size, a.dtype, a.reduce_op) == (
+        b.group_name,
+        b.group_size,
+        b.dtype,
+        b.reduce_op,
+    )
+
+
+Joins = Callable[["Bucket", Sequence[Collective]], bool]  # may this run join that bucket?
+
+
+def _join_adjacent(kind: str, runs: Sequence[Sequence[Collective]], joins: Joins) -> list[Bucket]:
+    """Walk the runs in order; a run joins the open bucket when compatible and `joins` says so."""
+    buckets: list[Bucket] = []
+    for run in runs:
+        current = buckets[-1] if buckets else None
+        if current is not None and _compatible(current.members[-1], run[0]) and joins(current, run):
+            current.members.extend(run)
+        else:
+            buckets.append(Bucket(kind, list(run)))
+    return buckets
+
+
+def _same_block(bucket: Bucket, run: Sequence[Collective]) -> bool:
+    key = run[0].module_key
+    return key is not None and key == bucket.members[-1].module_key
+
+
+def _within(cap_bytes: float) -> Joins:
+    return lambda bucket, run: bucket.wire_bytes + sum(c.wire_bytes for c in run) <= cap_bytes
+
+
 def plan_buckets(
     collectives: Sequence[Collective], kind: str, mode: str, cap_bytes: float
 ) -> list[Bucket]:
-    """Split the sequence into buckets of adjacent compatible collectives."""
-    buckets: list[Bucket] = []
-    current: Bucket | None = None
-    for coll in collectives:
-        if current is not None:
-            last = current.members[-1]
-            compatible = (last.group_name, last.group_size, last.dtype, last.reduce_op) == (
-                coll.group_name,
-                coll.group_size,
-                coll.dtype,
-                coll.reduce_op,
-            )
-            if mode == "module":
-                fits = coll.module_key is not None and coll.module_key == last.module_key
-            else:
-                fits = current.wire_bytes + coll.wire_bytes <= cap_bytes
-            if compatible and fits:
-                current.members.append(coll)
-                continue
-        current = Bucket(kind, [coll])
-        buckets.append(current)
-    return buckets
+    """Split the sequence into buckets of adjacent compatible collectives.
+
+    size: greedy up to `cap_bytes`. module: one bucket per block. auto: one bucket per
+    block, then neighbouring blocks merged while the bucket stays within the largest
+    block's bytes, so no bucket gathers more than the largest block does on its own: the
+    unit FSDP2 gathers with one `fully_shard` per block, which bounds peak memory alike.
+    """
+    singles = [[c] for c in collectives]
+    if mode == "size":
+        return _join_adjacent(kind, singles, _within(cap_bytes))
+    blocks = _join_adjacent(kind, singles, _same_block)
+    if mode == "module":
+        return blocks
+    largest = max((b.wire_bytes for b in blocks), default=0)
+    return _join_adjacent(kind, [b.members for b in blocks], _within(largest))
 
 
 def _copy_meta(new: fx.Node, like: fx.Node) -> None:
@@ -427,8 +457,12 @@ def bucket_graph(
         "all_gather_before": len(gathers),
         "reduce_scatter_before": len(scatters),
     }
-    if mode == "module" and any(c.module_key is None for c in gathers + scatters):
-        log("module structure missing from the graph's node meta; bucketing by size instead")
+    keys = [c.module_key for c in gathers + scatters]
+    if (mode == "module" and None in keys) or (mode == "auto" and keys and set(keys) == {None}):
+        log(
+            "module structure missing from the graph's node meta; bucketing by size "
+            f"(bucket_cap_mb={cap_mb:g}) instead of mode={mode!r}"
+        )
         mode = "size"
     cap_bytes = cap_mb * MB
     ag_buckets = plan_buckets(gathers, "all_gather", mode, cap_bytes)

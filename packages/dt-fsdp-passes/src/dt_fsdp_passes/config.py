@@ -19,11 +19,12 @@ from typing import Any, Literal
 
 from dt_core.kit import SettingsStore
 
-Mode = Literal["size", "module", "off"]
-MODES: tuple[str, ...] = ("size", "module", "off")
+Mode = Literal["auto", "size", "module", "off"]
+MODES: tuple[str, ...] = ("auto", "size", "module", "off")
 
-# Chosen from the benchmark (benchmarks/run.py, bucket-cap sweep on gloo/CPU): step time
-# flattens out once buckets reach a few MB; larger caps only delay the first compute.
+# For mode="size" (and "auto" on a graph without module structure). Chosen from the
+# benchmark (benchmarks/run.py, bucket-cap sweep on gloo/CPU): step time flattens out once
+# buckets reach a few MB; larger caps only delay the first compute.
 DEFAULT_BUCKET_CAP_MB = 4.0
 
 # Variable names from before the move onto dt-core's convention, still accepted.
@@ -39,16 +40,22 @@ LEGACY_ENV: dict[str, str] = {
 class FsdpPassSettings:
     """What the passes do.
 
-    mode: "size" buckets adjacent collectives up to `bucket_cap_mb` (gathered bytes);
-      "module" makes one bucket per block (top-level child, or `name.<index>` entry of a
-      ModuleList / Sequential); "off" leaves the graph alone.
+    mode: "auto" (default) makes one bucket per block and merges neighbouring blocks
+      while a bucket stays within the largest block's gathered bytes: never more gathered
+      at once than FSDP2 with one `fully_shard` per block, so peak memory stays at or
+      below FSDP2's (falls back to "size" when the graph carries no module structure);
+      "size" buckets adjacent collectives up to `bucket_cap_mb` (gathered bytes: faster
+      for small models on slow links, at the price of gathering more at once);
+      "module" makes exactly one bucket per block (a block: the path down to the first
+      ModuleList / Sequential index, `layers.0`, else the top-level child);
+      "off" leaves the graph alone.
     overlap: reorder so each bucket's all-gather is issued one bucket ahead and waits sit
       right before first use (reduce-scatters: waited as late as the bound allows).
     overlap_max_extra_mb: how much the estimated peak memory may grow through reordering;
       None allows the largest bucket (what prefetching one bucket ahead costs).
     """
 
-    mode: Mode = "size"
+    mode: Mode = "auto"
     bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
     overlap: bool = True
     overlap_max_extra_mb: float | None = None

@@ -70,7 +70,7 @@ def _output_bytes(graph: fx.Graph) -> int:
 
 
 def bucket_pass(graph_or_module: Any) -> None:
-    """Merge adjacent FSDP all-gathers / reduce-scatters into buckets (mode size|module)."""
+    """Merge adjacent FSDP all-gathers / reduce-scatters into buckets (settings.mode)."""
     graph = _graph_of(graph_or_module)
     settings = current_settings()
     record: dict[str, Any] = {"pass": "bucket", "settings": settings.as_dict()}
