@@ -12,7 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-# A case: (list of (rows per rank, trailing dims, dtype name)), cap in bytes, reduce op.
+# A case: (list of (rows per rank, trailing dims, dtype name)), cap in bytes, reduce op,
+# overlap, mode. make_fx graphs carry no module structure, so mode "auto" (the default)
+# must fall back to "size" with the same cap: the same bucket counts are expected.
 _param = st.tuples(
     st.integers(1, 3),
     st.lists(st.integers(1, 3), min_size=0, max_size=2),
@@ -23,6 +25,7 @@ _case = st.tuples(
     st.sampled_from([1, 64, 200, 10**6]),
     st.sampled_from(["sum", "avg"]),
     st.booleans(),
+    st.sampled_from(["size", "auto"]),
 )
 
 
@@ -42,7 +45,7 @@ def _run_case(case: tuple) -> dict:
     from dt_fsdp_passes.passes import bucket_pass, overlap_pass
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    params, cap_bytes, op, overlap = case
+    params, cap_bytes, op, overlap, mode = case
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.group.WORLD.group_name
     mark_fsdp_group(group)  # hand-built graphs: no simple_fsdp registered the group
@@ -72,7 +75,7 @@ def _run_case(case: tuple) -> dict:
         _rank_shard(rank, 100 + i, s, d)
         for i, (s, d) in enumerate(zip(full_shapes, dtypes, strict=True))
     ]
-    dt_fsdp_passes.configure(mode="size", bucket_cap_mb=cap_bytes / 2**20, overlap=overlap)
+    dt_fsdp_passes.configure(mode=mode, bucket_cap_mb=cap_bytes / 2**20, overlap=overlap)
     try:
         gm_ag = make_fx(gather_all, tracing_mode="fake")(*shards)
         gm_rs = make_fx(scatter_all, tracing_mode="fake")(*grads)
@@ -131,7 +134,7 @@ def _expected_buckets(params: list, cap_bytes: int, world: int, gathered: bool) 
 @given(case=_case)
 def test_bucketed_collectives_match_plain_torch(dist_world, world: int, case: tuple) -> None:
     results = dist_world(world).run(_run_case, case)
-    params, cap_bytes, _, _ = case
+    params, cap_bytes = case[:2]
     expected = _expected_buckets(params, cap_bytes, world, gathered=True)
     for result in results:
         assert result["max_error"] < 1e-6, result
