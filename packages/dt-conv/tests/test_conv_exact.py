@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -151,20 +152,25 @@ def test_thin_and_empty_shards_on_4_ranks() -> None:
 
 
 @contextlib.contextmanager
-def counting(module: Any, name: str) -> Any:
-    """Record, per call of `module.name`, whether it returned something (a path taken)."""
-    original, taken = getattr(module, name), []
+def recording(module: Any, name: str, record: Callable[[Any], Any] = lambda out: out) -> Any:
+    """Record `record(result)` per call of `module.name` (looked up at call time)."""
+    original, seen = getattr(module, name), []
 
     def wrapper(*args: Any) -> Any:
         out = original(*args)
-        taken.append(out is not None)
+        seen.append(record(out))
         return out
 
     setattr(module, name, wrapper)
     try:
-        yield taken
+        yield seen
     finally:
         setattr(module, name, original)
+
+
+def counting(module: Any, name: str) -> Any:
+    """Record, per call of `module.name`, whether it returned something (a path taken)."""
+    return recording(module, name, lambda out: out is not None)
 
 
 @pytest.mark.ranks(4)
@@ -369,9 +375,13 @@ def test_transposed_conv_on_2_ranks() -> None:
 
 @pytest.mark.ranks(4)
 def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
+    from dt_conv import transposed
     from torch.distributed.tensor import Shard
 
-    run_cases(cpu_mesh(4), transposed_cases([Shard(2)], (2, 5)))
+    # 11 rows on 4 ranks: 3, 3, 3, 2; 5 rows: 2, 2, 1, 0 (an empty shard)
+    with counting(transposed, "_interior_first") as taken:
+        run_cases(cpu_mesh(4), transposed_cases([Shard(2)], (2, 5, 11)))
+    assert sum(taken) >= 40, taken  # interior computed during the exchange on 4 ranks
     cases = [
         (
             [Shard(2), Shard(3)],
@@ -549,3 +559,94 @@ def test_other_convs_compute_their_interior_while_halos_travel() -> None:
             run_cases(cpu_mesh(2), cases)
     assert sum(taken) >= 20, taken
     assert len(backward_taken) == len(cases)  # one sharded dim, both gradients wanted
+
+
+@pytest.mark.ranks(2)
+def test_transposed_convs_compute_their_interior_while_halos_travel() -> None:
+    from dt_conv import transposed
+    from torch.distributed.tensor import Shard
+
+    cases = []
+    for d, k, st, pad, dil, out_pad in itertools.product(
+        (2, 3), (2, 3, 4), (1, 2, 3), (0, 2), (1, 2), (0, 1)
+    ):
+        # taps of neighbouring input rows overlap (a wider stride may need no halo)
+        if out_pad < max(st, dil) and dil * (k - 1) >= st:
+            kw = {"stride": st, "padding": pad, "dilation": dil, "output_padding": out_pad}
+            cases.append(([Shard(d)], (2, 3, 12, 11), (3, 2, k, k), k != 3, kw))
+    cases.append(([Shard(2)], (1, 4, 10), (4, 1, 3), True, {"stride": 2, "groups": 2}))
+    cases = [(*case[:4], {**case[4], "transposed": True}) for case in cases]
+    with counting(transposed, "_interior_first") as taken:
+        run_cases(cpu_mesh(2), cases)
+    # shards of 5 or more rows: every rank has output rows reading only its own rows
+    assert len(taken) == len(cases) and all(taken), taken
+
+
+def _chain_matches(mesh: Any, placements: list, x_shape: tuple, layers: list) -> None:
+    """`layers` (F op, weight shape, kwargs) applied in turn to a DTensor equal the same
+    ops on one process: output, input and weight gradients."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(x_shape, generator=gen, dtype=torch.float64)
+    ws = [torch.randn(s, generator=gen, dtype=torch.float64) if s else None for _, s, _ in layers]
+    ref = [t.clone().requires_grad_() for t in (x, *[w for w in ws if w is not None])]
+    xd = distribute_tensor(x, mesh, placements).requires_grad_()
+    rep = [Replicate()] * mesh.ndim
+    wd = [distribute_tensor(w, mesh, rep).requires_grad_() for w in ws if w is not None]
+
+    def run(t: Any, params: list) -> Any:
+        it = iter(params)
+        for op, shape, kw in layers:
+            t = op(t, next(it), **kw) if shape else op(t, **kw)
+        return t
+
+    y_ref, y = run(ref[0], ref[1:]), run(xd, wd)
+    assert tuple(y.placements) == tuple(placements)
+    g = torch.randn(y_ref.shape, generator=gen, dtype=torch.float64)
+    (y_ref * g).sum().backward()
+    (y * distribute_tensor(g, mesh, placements)).sum().backward()
+    torch.testing.assert_close(y.full_tensor(), y_ref)
+    for got, want in zip([xd, *wd], ref, strict=True):
+        torch.testing.assert_close(got.grad.full_tensor(), want.grad)
+
+
+@pytest.mark.ranks(4)
+def test_later_layers_on_a_2x2_mesh_overlap_the_second_exchange() -> None:
+    """Shards too thin along the first sharded dim for any interior still overlap the
+    second dim's exchange: the slabs along the first dim (its window has arrived) with
+    the second dim's interior. Stages are hand-derived per rank from the shapes."""
+    from dt_conv import interior
+    from torch.distributed.tensor import Shard
+
+    mesh = cpu_mesh((2, 2))
+    h = mesh.get_local_rank(0)  # this rank's chunk of H
+    conv = (F.conv2d, (3, 2, 3, 3), {"padding": 1})
+    # 12x24 -> 6x12 per rank: interiors on both dims (stage 0) and H's halo rows
+    # computed during W's exchange (stage 1); pooled to 3x6, H shards of 2 and 1 rows
+    # have no interior for a 3x3 conv, W shards of 3 have one: stage 1 only
+    pool = (F.avg_pool2d, None, {"kernel_size": 4})
+    layers = [conv, pool, (F.conv2d, (2, 3, 3, 3), {"padding": 1})]
+    with recording(interior, "overlapped_stages") as stages:
+        _chain_matches(mesh, [Shard(2), Shard(3)], (1, 2, 12, 24), layers)
+    assert stages == [[0, 1], [1]], stages
+    # the thin dim sharded over the second mesh dim: its halos still travel first (the
+    # order all ranks derive from the shapes), else no block would precede the last wait
+    with recording(interior, "overlapped_stages") as stages:
+        _chain_matches(mesh, [Shard(3), Shard(2)], (1, 2, 12, 24), layers)
+    assert stages == [[0, 1], [1]], stages
+    # transposed 3x3, padding 1, on 2x8: each H chunk holds one input and one output
+    # row, and each output row reads both input rows: no interior along H anywhere; W
+    # shards of 4 have one: stage 1 only, on every rank
+    layers = [(F.conv_transpose2d, (2, 3, 3, 3), {"padding": 1})]
+    with recording(interior, "overlapped_stages") as stages:
+        _chain_matches(mesh, [Shard(2), Shard(3)], (1, 2, 2, 8), layers)
+    assert stages == [[1]], stages
+    # transposed 3x3, stride 2, padding 1, output_padding 1 on 8x8: every chunk has an
+    # interior on both dims; H chunk 0's output row 7 reads input row 4 (chunk 1's),
+    # so it also computes during W's exchange
+    kw = {"stride": 2, "padding": 1, "output_padding": 1}
+    layers = [(F.conv_transpose2d, (2, 3, 3, 3), kw)]
+    with recording(interior, "overlapped_stages") as stages:
+        _chain_matches(mesh, [Shard(2), Shard(3)], (1, 2, 8, 8), layers)
+    assert stages == ([[0, 1]] if h == 0 else [[0]]), (h, stages)

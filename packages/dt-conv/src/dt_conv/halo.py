@@ -122,7 +122,7 @@ def _count(t: torch.Tensor) -> None:
 
 
 @functools.lru_cache(maxsize=512)
-def _anyone_exchanges(split: DimSplit) -> bool:
+def anyone_exchanges(split: DimSplit) -> bool:
     """Whether any rank of the split receives anything. All ranks agree (global
     metadata), so an exchange nobody needs issues no collective on any rank."""
     return any(exchange_plan(split, r).recvs for r in range(split.parts))
@@ -236,7 +236,7 @@ class PendingWindow:
         self.me = ranks.local_rank(mesh, split.mesh_dim)
         self.received: torch.Tensor | None = None
         self.pending: _AllToAll | None = None
-        if _anyone_exchanges(split):
+        if anyone_exchanges(split):
             packed = ranks.each_rank(mesh, _window_pack, split, self.me, local)
             self.pending = _AllToAll(mesh, split, packed)
 
@@ -274,7 +274,7 @@ class PendingScatter:
         self.split, self.mesh = split, mesh
         self.me = ranks.local_rank(mesh, split.mesh_dim)
         self.pending: _AllToAll | None = None
-        if _anyone_exchanges(split):
+        if anyone_exchanges(split):
             packed = ranks.each_rank(mesh, _scatter_pack, split, self.me, grad_window)
             self.out: torch.Tensor = packed[0]
             self.pending = _AllToAll(mesh, split, packed[1:])
