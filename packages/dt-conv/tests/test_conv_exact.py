@@ -378,10 +378,12 @@ def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
     from dt_conv import transposed
     from torch.distributed.tensor import Shard
 
-    # 11 rows on 4 ranks: 3, 3, 3, 2; 5 rows: 2, 2, 1, 0 (an empty shard)
+    # 5 rows on 4 ranks: 2, 2, 1, 0 (an empty shard); 11 rows: 3, 3, 3, 2
+    cases = transposed_cases([Shard(2)], (2, 5))
+    cases += [c for c in transposed_cases([Shard(2)], (11,)) if c[4]["dilation"] == 1 < c[2][2]]
     with counting(transposed, "_interior_first") as taken:
-        run_cases(cpu_mesh(4), transposed_cases([Shard(2)], (2, 5, 11)))
-    assert sum(taken) >= 40, taken  # interior computed during the exchange on 4 ranks
+        run_cases(cpu_mesh(4), cases)
+    assert sum(taken) >= 20, taken  # interior computed during the exchange on 4 ranks
     cases = [
         (
             [Shard(2), Shard(3)],
@@ -398,7 +400,28 @@ def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
             {"stride": 3, "output_padding": 1, "transposed": True},
         ),
     ]
-    run_cases(cpu_mesh((2, 2)), cases)
+    # both dims sharded, uneven and thin (1-row shards, shards thinner than the reach)
+    for pl, (h, w_), k, stride in itertools.product(
+        ([Shard(2), Shard(3)], [Shard(3), Shard(2)]), ((3, 8), (7, 2), (6, 5)), (2, 3), (1, 2)
+    ):
+        kw = {"stride": stride, "padding": k - 2, "transposed": True}
+        cases.append((pl, (1, 2, h, w_), (2, 3, k, 3), k == 3, kw))
+    with counting(transposed, "_interior_first") as taken:
+        run_cases(cpu_mesh((2, 2)), cases)
+    assert sum(taken) >= 20, taken
+    # three sharded dims (one of them over a mesh dim of size 1: no halo)
+    cases = [
+        ([Shard(2), Shard(3), Shard(4)], (1, 2, 5, 4, 7), (2, 2, 3, 2, 3), True, {"padding": 1}),
+        ([Shard(4), Shard(2), Shard(3)], (1, 2, 6, 3, 5), (2, 2, 3, 3, 2), False, {"stride": 2}),
+        (
+            [Shard(3), Shard(4), Shard(2)],
+            (1, 2, 4, 5, 6),
+            (2, 2, 3, 3, 3),
+            True,
+            {"stride": 2, "padding": 1, "transposed": True},
+        ),
+    ]
+    run_cases(cpu_mesh((2, 1, 2)), cases)
 
 
 @pytest.mark.ranks(4)
