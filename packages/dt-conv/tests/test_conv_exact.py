@@ -448,7 +448,7 @@ def test_output_channel_sharded_weights_give_channel_sharded_outputs() -> None:
 
 @pytest.mark.ranks(2)
 def test_same_convs_take_the_overlapped_path_and_stay_exact() -> None:
-    from dt_conv import forward
+    from dt_conv import backward, forward
     from torch.distributed.tensor import Shard
 
     cases = [
@@ -456,8 +456,29 @@ def test_same_convs_take_the_overlapped_path_and_stay_exact() -> None:
         for d, k, dil in itertools.product((2, 3), (3, 5), (1, 2))
     ]
     with counting(forward, "_same_conv_overlapped") as taken:
-        run_cases(cpu_mesh(2), cases)
+        with counting(backward, "same_conv_gradients") as backward_taken:
+            run_cases(cpu_mesh(2), cases)
     assert sum(taken) >= 4, taken  # thick enough shards overlap; thin ones use the window
+    assert backward_taken == taken, (backward_taken, taken)  # backward: the same cases
+
+
+@pytest.mark.ranks(4)
+def test_same_conv_backward_without_a_window_on_4_ranks() -> None:
+    """The 'same' conv's backward split at the seams equals one process's, next to ranks
+    too thin for it (which take the window path, same exchanges): uneven shards of 4 to
+    1 rows, halos spanning two neighbours, dilation, groups, padding in other dims."""
+    from dt_conv import backward
+    from torch.distributed.tensor import Shard
+
+    cases = []
+    for size, k, dil, bias in itertools.product((16, 13, 7), (3, 5), (1, 2), (True, False)):
+        groups = 1 + bias
+        kw = {"padding": "same", "dilation": dil, "groups": groups}
+        cases.append(([Shard(2)], (2, 2 * groups, size, 5), (4, 2, k, 3), bias, kw))
+    cases.append(([Shard(3)], (1, 2, 4, 9, 3), (3, 2, 3, 3, 3), True, {"padding": 1}))
+    with counting(backward, "same_conv_gradients") as taken:
+        run_cases(cpu_mesh(4), cases)
+    assert sum(taken) >= 4, taken  # on every rank: the last one's shards are 4, 1, 1 rows
 
 
 @pytest.mark.ranks(4)
@@ -579,9 +600,12 @@ def test_other_convs_compute_their_interior_while_halos_travel() -> None:
     cases.append(([Shard(2)], (1, 2, 20), (2, 2, 3), False, {"dilation": 3, "padding": 1}))
     with counting(forward, "_interior_first") as taken:
         with counting(backward, "_overlapped_gradients") as backward_taken:
-            run_cases(cpu_mesh(2), cases)
+            with counting(backward, "same_conv_gradients") as same:
+                run_cases(cpu_mesh(2), cases)
     assert sum(taken) >= 20, taken
-    assert len(backward_taken) == len(cases)  # one sharded dim, both gradients wanted
+    # one sharded dim, both gradients wanted: overlapped, 'same' convs split at the seams
+    assert len(backward_taken) + sum(same) == len(cases), (backward_taken, same)
+    assert len(backward_taken) > sum(same) > 0, (backward_taken, same)
 
 
 @pytest.mark.ranks(2)
