@@ -466,7 +466,7 @@ def test_same_convs_take_the_overlapped_path_and_stay_exact() -> None:
 def test_same_conv_backward_without_a_window_on_4_ranks() -> None:
     """The 'same' conv's backward split at the seams equals one process's, next to ranks
     too thin for it (which take the window path, same exchanges): uneven shards of 4 to
-    1 rows, halos spanning two neighbours, dilation, groups, padding in other dims."""
+    1 rows, halos of 1-4 rows, dilation, groups, padding along an unsharded dim."""
     from dt_conv import backward
     from torch.distributed.tensor import Shard
 
