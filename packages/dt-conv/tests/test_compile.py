@@ -163,6 +163,8 @@ def test_inductor_compiles_the_sharded_ops() -> None:
     )
     transposed = [ln for ln in _during_exchange(lines, BACKWARD_CALL) if ", True, (" in ln]
     assert transposed, "\n".join(lines)  # the transposed conv's backward overlaps too
+    forward = _during_exchange(lines, FORWARD_CALL)
+    assert [ln for ln in forward if "transposed=True" in ln], "\n".join(lines)  # and forward
 
 
 @pytest.mark.ranks(4, timeout=900)
@@ -177,11 +179,12 @@ def test_2x2_mesh_compiles_fullgraph() -> None:
     for placements in ([Shard(2), Shard(3)], [Shard(2), Replicate()], [Replicate(), Shard(3)]):
         compare(small_net, mesh, x, placements, params)
     lines = _inductor_lines(compare, small_net, mesh, x, [Shard(2), Shard(3)], params)
-    # two sharded dims: the interior conv runs during the first dim's exchange (forward:
-    # the first layer's; after pooling, some ranks' shards are too thin to have an
-    # interior), the weight gradient during the last dim's exchange home (backward, every
-    # layer on every rank)
-    assert _during_exchange(lines, "= extern_kernels.convolution("), "\n".join(lines)
+    # two sharded dims. Forward: the first conv (7/6 x 5 rows per rank) computes its
+    # interior during H's exchange and H's seam rows during W's (3 convs); after pooling
+    # (3 x 3/2 rows) the dilated conv has no interior anywhere, the last one exchanges
+    # the thin W first and computes during W's exchange (1-3 convs). Backward: the
+    # weight gradient during the last dim's exchange home (every layer on every rank)
+    assert len(_during_exchange(lines, FORWARD_CALL)) >= 4, "\n".join(lines)
     assert len(_during_exchange(lines, BACKWARD_CALL)) >= 3, "\n".join(lines)
     ops_params = [_randn(3, 2, 3, 3, seed=4), _randn(3, 2, 4, 4, seed=5)]
     compare(window_ops_2d, mesh, _randn(1, 2, 11, 9), [Shard(3), Shard(2)], ops_params)
@@ -197,6 +200,7 @@ def _first(lines: list[str], text: str, after: int = -1) -> int:
 
 
 BACKWARD_CALL = "= torch.ops.aten.convolution_backward.default("
+FORWARD_CALL = "= extern_kernels.convolution("
 _START = re.compile(r"\s*(\w+) = torch\.ops\._c10d_functional\.all_to_all_single\.default\(")
 _WAIT = re.compile(r"_c10d_functional\.wait_tensor\.default\((\w+)\)")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -151,20 +152,25 @@ def test_thin_and_empty_shards_on_4_ranks() -> None:
 
 
 @contextlib.contextmanager
-def counting(module: Any, name: str) -> Any:
-    """Record, per call of `module.name`, whether it returned something (a path taken)."""
-    original, taken = getattr(module, name), []
+def recording(module: Any, name: str, record: Callable[[Any], Any] = lambda out: out) -> Any:
+    """Record `record(result)` per call of `module.name` (looked up at call time)."""
+    original, seen = getattr(module, name), []
 
     def wrapper(*args: Any) -> Any:
         out = original(*args)
-        taken.append(out is not None)
+        seen.append(record(out))
         return out
 
     setattr(module, name, wrapper)
     try:
-        yield taken
+        yield seen
     finally:
         setattr(module, name, original)
+
+
+def counting(module: Any, name: str) -> Any:
+    """Record, per call of `module.name`, whether it returned something (a path taken)."""
+    return recording(module, name, lambda out: out is not None)
 
 
 @pytest.mark.ranks(4)
@@ -369,9 +375,15 @@ def test_transposed_conv_on_2_ranks() -> None:
 
 @pytest.mark.ranks(4)
 def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
+    from dt_conv import transposed
     from torch.distributed.tensor import Shard
 
-    run_cases(cpu_mesh(4), transposed_cases([Shard(2)], (2, 5)))
+    # 5 rows on 4 ranks: 2, 2, 1, 0 (an empty shard); 11 rows: 3, 3, 3, 2
+    cases = transposed_cases([Shard(2)], (2, 5))
+    cases += [c for c in transposed_cases([Shard(2)], (11,)) if c[4]["dilation"] == 1 < c[2][2]]
+    with counting(transposed, "_interior_first") as taken:
+        run_cases(cpu_mesh(4), cases)
+    assert sum(taken) >= 20, taken  # interior computed during the exchange on 4 ranks
     cases = [
         (
             [Shard(2), Shard(3)],
@@ -388,7 +400,28 @@ def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
             {"stride": 3, "output_padding": 1, "transposed": True},
         ),
     ]
-    run_cases(cpu_mesh((2, 2)), cases)
+    # both dims sharded, uneven and thin (1-row shards, shards thinner than the reach)
+    for pl, (h, w_), k, stride in itertools.product(
+        ([Shard(2), Shard(3)], [Shard(3), Shard(2)]), ((3, 8), (7, 2), (6, 5)), (2, 3), (1, 2)
+    ):
+        kw = {"stride": stride, "padding": k - 2, "transposed": True}
+        cases.append((pl, (1, 2, h, w_), (2, 3, k, 3), k == 3, kw))
+    with counting(transposed, "_interior_first") as taken:
+        run_cases(cpu_mesh((2, 2)), cases)
+    assert sum(taken) >= 20, taken
+    # three sharded dims (one of them over a mesh dim of size 1: no halo)
+    cases = [
+        ([Shard(2), Shard(3), Shard(4)], (1, 2, 5, 4, 7), (2, 2, 3, 2, 3), True, {"padding": 1}),
+        ([Shard(4), Shard(2), Shard(3)], (1, 2, 6, 3, 5), (2, 2, 3, 3, 2), False, {"stride": 2}),
+        (
+            [Shard(3), Shard(4), Shard(2)],
+            (1, 2, 4, 5, 6),
+            (2, 2, 3, 3, 3),
+            True,
+            {"stride": 2, "padding": 1, "transposed": True},
+        ),
+    ]
+    run_cases(cpu_mesh((2, 1, 2)), cases)
 
 
 @pytest.mark.ranks(4)
@@ -415,7 +448,7 @@ def test_output_channel_sharded_weights_give_channel_sharded_outputs() -> None:
 
 @pytest.mark.ranks(2)
 def test_same_convs_take_the_overlapped_path_and_stay_exact() -> None:
-    from dt_conv import forward
+    from dt_conv import backward, forward
     from torch.distributed.tensor import Shard
 
     cases = [
@@ -423,8 +456,29 @@ def test_same_convs_take_the_overlapped_path_and_stay_exact() -> None:
         for d, k, dil in itertools.product((2, 3), (3, 5), (1, 2))
     ]
     with counting(forward, "_same_conv_overlapped") as taken:
-        run_cases(cpu_mesh(2), cases)
+        with counting(backward, "same_conv_gradients") as backward_taken:
+            run_cases(cpu_mesh(2), cases)
     assert sum(taken) >= 4, taken  # thick enough shards overlap; thin ones use the window
+    assert backward_taken == taken, (backward_taken, taken)  # backward: the same cases
+
+
+@pytest.mark.ranks(4)
+def test_same_conv_backward_without_a_window_on_4_ranks() -> None:
+    """The 'same' conv's backward split at the seams equals one process's, next to ranks
+    too thin for it (which take the window path, same exchanges): uneven shards of 4 to
+    1 rows, halos of 1-4 rows, dilation, groups, padding along an unsharded dim."""
+    from dt_conv import backward
+    from torch.distributed.tensor import Shard
+
+    cases = []
+    for size, k, dil, bias in itertools.product((16, 13, 7), (3, 5), (1, 2), (True, False)):
+        groups = 1 + bias
+        kw = {"padding": "same", "dilation": dil, "groups": groups}
+        cases.append(([Shard(2)], (2, 2 * groups, size, 5), (4, 2, k, 3), bias, kw))
+    cases.append(([Shard(3)], (1, 2, 4, 9, 3), (3, 2, 3, 3, 3), True, {"padding": 1}))
+    with counting(backward, "same_conv_gradients") as taken:
+        run_cases(cpu_mesh(4), cases)
+    assert sum(taken) >= 4, taken  # on every rank: the last one's shards are 4, 1, 1 rows
 
 
 @pytest.mark.ranks(4)
@@ -534,6 +588,56 @@ def test_random_configurations_on_4_ranks_and_2x2_mesh_property() -> None:
     prop()
 
 
+@pytest.mark.ranks(4)
+def test_random_transposed_convs_on_4_ranks_and_2x2_mesh_property() -> None:
+    """Hypothesis over meshes, placements and transposed conv settings: the overlapped
+    forward (blocks by stage, thin dims first) and backward stay exact."""
+    from dt_conv import transposed
+    from hypothesis import Phase, given, settings
+    from hypothesis import strategies as st
+    from torch.distributed.tensor import Replicate, Shard
+
+    meshes = {"4": cpu_mesh(4), "2x2": cpu_mesh((2, 2))}
+
+    @settings(
+        max_examples=12, derandomize=True, deadline=None, database=None, phases=[Phase.generate]
+    )  # no shrinking: every rank must run the same cases
+    @given(st.data())
+    def prop(data: Any) -> None:
+        mesh = meshes[data.draw(st.sampled_from(sorted(meshes)))]
+        nspatial = data.draw(st.integers(1, 2))
+        sizes = [data.draw(st.integers(1, 9)) for _ in range(nspatial)]
+        kernels = [data.draw(st.integers(1, 4)) for _ in range(nspatial)]
+        dilation, stride = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3))
+        pad = data.draw(st.integers(0, 2))
+        out_pad = data.draw(st.integers(0, max(stride, dilation) - 1))
+        reach = [dilation * (k - 1) for k in kernels]
+        if (
+            min((n - 1) * stride - 2 * pad + r + out_pad for n, r in zip(sizes, reach, strict=True))
+            < 0
+        ):
+            return  # an empty output (torch's error is tested elsewhere)
+        dims = data.draw(
+            st.lists(
+                st.sampled_from([None, 0, *range(2, nspatial + 2)]),
+                min_size=mesh.ndim,
+                max_size=mesh.ndim,
+                unique=True,
+            )
+        )
+        placements = [Replicate() if d is None else Shard(d) for d in dims]
+        groups = data.draw(st.sampled_from([1, 2]))
+        kw = {"padding": pad, "dilation": dilation, "groups": groups, "stride": stride}
+        kw["output_padding"], kw["transposed"] = out_pad, True
+        x_shape, w_shape = (2, 2 * groups, *sizes), (2 * groups, 2, *kernels)
+        problem = check(mesh, placements, x_shape, w_shape, data.draw(st.booleans()), **kw)
+        assert problem is None, problem
+
+    with counting(transposed, "_interior_first") as taken:
+        prop()
+    assert any(taken), taken  # some examples overlapped on this rank
+
+
 @pytest.mark.ranks(2)
 def test_other_convs_compute_their_interior_while_halos_travel() -> None:
     from dt_conv import backward, forward
@@ -546,6 +650,100 @@ def test_other_convs_compute_their_interior_while_halos_travel() -> None:
     cases.append(([Shard(2)], (1, 2, 20), (2, 2, 3), False, {"dilation": 3, "padding": 1}))
     with counting(forward, "_interior_first") as taken:
         with counting(backward, "_overlapped_gradients") as backward_taken:
-            run_cases(cpu_mesh(2), cases)
+            with counting(backward, "same_conv_gradients") as same:
+                run_cases(cpu_mesh(2), cases)
     assert sum(taken) >= 20, taken
-    assert len(backward_taken) == len(cases)  # one sharded dim, both gradients wanted
+    # one sharded dim, both gradients wanted: overlapped, 'same' convs split at the seams
+    assert len(backward_taken) + sum(same) == len(cases), (backward_taken, same)
+    assert len(backward_taken) > sum(same) > 0, (backward_taken, same)
+
+
+@pytest.mark.ranks(2)
+def test_transposed_convs_compute_their_interior_while_halos_travel() -> None:
+    from dt_conv import transposed
+    from torch.distributed.tensor import Shard
+
+    cases = []
+    for d, k, st, pad, dil, out_pad in itertools.product(
+        (2, 3), (2, 3, 4), (1, 2, 3), (0, 2), (1, 2), (0, 1)
+    ):
+        # taps of neighbouring input rows overlap (a wider stride may need no halo)
+        if out_pad < max(st, dil) and dil * (k - 1) >= st:
+            kw = {"stride": st, "padding": pad, "dilation": dil, "output_padding": out_pad}
+            cases.append(([Shard(d)], (2, 3, 12, 11), (3, 2, k, k), k != 3, kw))
+    cases.append(([Shard(2)], (1, 4, 10), (4, 1, 3), True, {"stride": 2, "groups": 2}))
+    cases = [(*case[:4], {**case[4], "transposed": True}) for case in cases]
+    with counting(transposed, "_interior_first") as taken:
+        run_cases(cpu_mesh(2), cases)
+    # shards of 5 or more rows: every rank has output rows reading only its own rows
+    assert len(taken) == len(cases) and all(taken), taken
+
+
+def _chain_matches(mesh: Any, placements: list, x_shape: tuple, layers: list) -> None:
+    """`layers` (F op, weight shape, kwargs) applied in turn to a DTensor equal the same
+    ops on one process: output, input and weight gradients."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(x_shape, generator=gen, dtype=torch.float64)
+    ws = [torch.randn(s, generator=gen, dtype=torch.float64) if s else None for _, s, _ in layers]
+    ref = [t.clone().requires_grad_() for t in (x, *[w for w in ws if w is not None])]
+    xd = distribute_tensor(x, mesh, placements).requires_grad_()
+    rep = [Replicate()] * mesh.ndim
+    wd = [distribute_tensor(w, mesh, rep).requires_grad_() for w in ws if w is not None]
+
+    def run(t: Any, params: list) -> Any:
+        it = iter(params)
+        for op, shape, kw in layers:
+            t = op(t, next(it), **kw) if shape else op(t, **kw)
+        return t
+
+    y_ref, y = run(ref[0], ref[1:]), run(xd, wd)
+    assert tuple(y.placements) == tuple(placements)
+    g = torch.randn(y_ref.shape, generator=gen, dtype=torch.float64)
+    (y_ref * g).sum().backward()
+    (y * distribute_tensor(g, mesh, placements)).sum().backward()
+    torch.testing.assert_close(y.full_tensor(), y_ref)
+    for got, want in zip([xd, *wd], ref, strict=True):
+        torch.testing.assert_close(got.grad.full_tensor(), want.grad)
+
+
+@pytest.mark.ranks(4)
+def test_later_layers_on_a_2x2_mesh_overlap_the_second_exchange() -> None:
+    """Shards too thin along the first sharded dim for any interior still overlap the
+    second dim's exchange: the slabs along the first dim (its window has arrived) with
+    the second dim's interior. Stages are hand-derived per rank from the shapes."""
+    from dt_conv import interior
+    from torch.distributed.tensor import Shard
+
+    mesh = cpu_mesh((2, 2))
+    h = mesh.get_local_rank(0)  # this rank's chunk of H
+    conv = (F.conv2d, (3, 2, 3, 3), {"padding": 1})
+    # 12x24 -> 6x12 per rank: interiors on both dims (stage 0) and H's halo rows
+    # computed during W's exchange (stage 1); pooled to 3x6, H shards of 2 and 1 rows
+    # have no interior for a 3x3 conv, W shards of 3 have one: stage 1 only
+    pool = (F.avg_pool2d, None, {"kernel_size": 4})
+    layers = [conv, pool, (F.conv2d, (2, 3, 3, 3), {"padding": 1})]
+    with recording(interior, "overlapped_stages") as stages:
+        _chain_matches(mesh, [Shard(2), Shard(3)], (1, 2, 12, 24), layers)
+    assert stages == [[0, 1], [1]], stages
+    # the thin dim sharded over the second mesh dim: its halos still travel first (the
+    # order all ranks derive from the shapes), else no block would precede the last wait
+    with recording(interior, "overlapped_stages") as stages:
+        _chain_matches(mesh, [Shard(3), Shard(2)], (1, 2, 12, 24), layers)
+    assert stages == [[0, 1], [1]], stages
+    # transposed 3x3, padding 1, on 2x8: each H chunk holds one input and one output
+    # row, and each output row reads both input rows: no interior along H anywhere; W
+    # shards of 4 have one: stage 1 only, on every rank
+    layers = [(F.conv_transpose2d, (2, 3, 3, 3), {"padding": 1})]
+    with recording(interior, "overlapped_stages") as stages:
+        _chain_matches(mesh, [Shard(2), Shard(3)], (1, 2, 2, 8), layers)
+    assert stages == [[1]], stages
+    # transposed 3x3, stride 2, padding 1, output_padding 1 on 8x8: every chunk has an
+    # interior on both dims; H chunk 0's output row 7 reads input row 4 (chunk 1's),
+    # so it also computes during W's exchange
+    kw = {"stride": 2, "padding": 1, "output_padding": 1}
+    layers = [(F.conv_transpose2d, (2, 3, 3, 3), kw)]
+    with recording(interior, "overlapped_stages") as stages:
+        _chain_matches(mesh, [Shard(2), Shard(3)], (1, 2, 8, 8), layers)
+    assert stages == ([[0, 1]] if h == 0 else [[0]]), (h, stages)

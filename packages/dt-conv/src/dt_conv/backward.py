@@ -29,6 +29,7 @@ from .channels import (
 from .halo import scatter_add_window
 from .partial_sums import summed
 from .plan import ConvPlan, make_plan
+from .same_conv_backward import same_conv_gradients
 from .spatial import gather_windows, window_shape
 
 aten = torch.ops.aten
@@ -65,7 +66,11 @@ def convolution_backward_handler(
         groups = local_groups(layout, groups, x)
         xl = x.to_local()
         gi: torch.Tensor | None
-        if overlaps_here(plan.spatial, xl, g, mask):
+        gw: torch.Tensor | None
+        same = same_conv_gradients(plan, layout, g, xl, w, groups, mask)
+        if same is not None:
+            gi, gw, gb = same
+        elif overlaps_here(plan.spatial, xl, g, mask):
             gi, gw, gb = _overlapped_gradients(plan, layout, g, xl, w, bias_sizes, groups, mask)
         else:
             # peers may need this rank's rows even where it has nothing to compute

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import cast
 
 import torch
@@ -20,8 +20,9 @@ from .channels import (
     local_weight,
     output_placements,
 )
-from .geometry import Affine
-from .halo import PendingWindow, gather_window
+from .geometry import Affine, DimSplit, Range
+from .halo import PendingWindow
+from .interior import Rows, exchange_order, overlapped_forward, rows_of
 from .plan import ConvPlan, make_plan
 from .spatial import gather_windows
 
@@ -58,6 +59,7 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
     with torch.no_grad():
         if isinstance(plan, str):
             return _fallback(plan, op_call, args, kwargs, x)
+        plan = _in_exchange_order(plan)
         w, b = local_weight(layout, weight, x), local_bias(layout, bias, weight, x)
         placements = output_placements(layout, plan.placements)
         groups = local_groups(layout, groups, x)
@@ -138,94 +140,48 @@ def _same_conv_overlapped(
     return out
 
 
-@dataclass(frozen=True)
-class _Rows:
-    """One sharded dim of a conv, from this rank's point of view."""
-
-    dim: int
-    reach: Affine
-    owned: tuple[int, int]  # output rows this rank owns
-    interior: tuple[int, int]  # those reading only this rank's input rows
-    own_start: int  # first input row this rank holds
-    window_start: int  # first (virtual) input row of its window
-
-    def reads(self, start: int, stop: int) -> tuple[int, int]:
-        """Input rows output rows [start, stop) read."""
-        r = self.reach
-        return start * r.stride + r.offset, (stop - 1) * r.stride + r.offset + r.extent
-
-
-def _rows(plan: ConvPlan) -> list[_Rows] | None:
-    rows = []
-    for split in plan.splits:
-        reach = split.reach
-        if not isinstance(reach, Affine):
-            return None
-        rank = plan.spatial.local_rank(split)
-        (o0, o1), (i0, i1) = split.owned_out(rank), split.owned_in(rank)
-        first = max(o0, -(-(i0 - reach.offset) // reach.stride))
-        last = min(o1, (i1 - reach.extent - reach.offset) // reach.stride + 1)
-        if last - first < 1:
-            return None
-        rows.append(_Rows(split.dim, reach, (o0, o1), (first, last), i0, split.needed(rank)[0]))
-    return rows
-
-
 def _interior_first(
     plan: ConvPlan, local: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, groups: int
 ) -> torch.Tensor | None:
-    """Any conv on sharded dims: the interior while the halos travel, then the borders.
-
-    Interior output rows read only this rank's input rows (on every sharded dim), so they
-    are computed straight from a view of the local shard while the first dim's halos
-    travel; the frame around them is computed from the assembled window afterwards, one
-    slab per side and dim. None if there is no interior, or no halo is needed at all.
-    """
+    """Any conv on sharded dims: each block computed while the halos it does not read
+    travel (`interior.overlapped_forward`). None where this rank has no such block: it
+    then exchanges first, which issues the same exchanges in the same order, so every
+    rank may decide alone."""
     rows = _rows(plan) if plan.splits and 0 not in local.shape else None
-    if rows is None or all(r.interior == r.owned for r in rows):
+    if rows is None:
         return None
-    pending = PendingWindow(local, plan.splits[0], plan.mesh, 0.0)
+    shape = local_out_shape(plan, local)
+    shape[1] = w.shape[0]
     conv = local_conv(plan, w, b, groups)
-    view = local
-    for r in rows:
-        lo, hi = r.reads(*r.interior)
-        view = view.narrow(r.dim, lo - r.own_start, hi - lo)
-    interior = conv(view)
-    shape = list(interior.shape)
-    for r in rows:
-        shape[r.dim] = r.owned[1] - r.owned[0]
-    out = interior.new_empty(shape)
-    _block(out, rows, [r.interior for r in rows]).copy_(interior)
-    if len(rows) == 1:  # assemble only the border rows of the window
-        r = rows[0]
-        pending.wait()
-        window_rows = lambda lo, hi: pending.rows(lo - r.window_start, hi - r.window_start)  # noqa: E731
-    else:  # later dims exchange the earlier dims' windows (corners included)
-        window = pending.wait().full()
-        for split in plan.splits[1:]:
-            window = gather_window(window, split, plan.mesh, 0.0)
-        window_rows = None
-    for k, r in enumerate(rows):  # the frame: before/after the interior along dim k
-        for side in ((r.owned[0], r.interior[0]), (r.interior[1], r.owned[1])):
-            if side[1] <= side[0]:
-                continue
-            region = [q.interior for q in rows[:k]] + [side] + [q.owned for q in rows[k + 1 :]]
-            if window_rows is not None:
-                piece = window_rows(*r.reads(*side))
-            else:
-                piece = window
-                for q, (start, stop) in zip(rows, region, strict=True):
-                    lo, hi = q.reads(start, stop)
-                    piece = piece.narrow(q.dim, lo - q.window_start, hi - lo)
-            _block(out, rows, region).copy_(conv(piece))
-    return out
+    return overlapped_forward(plan.spatial, local, rows, shape, lambda piece, _, __: conv(piece))
 
 
-def _block(out: torch.Tensor, rows: list[_Rows], region: list[tuple[int, int]]) -> torch.Tensor:
-    """The part of this rank's output block holding output rows `region` (one per dim)."""
-    for r, (start, stop) in zip(rows, region, strict=True):
-        out = out.narrow(r.dim, start - r.owned[0], stop - start)
-    return out
+def _interior(split: DimSplit, chunk: int) -> Range:
+    """Output rows of `chunk` reading only its own input rows (an `Affine` reach)."""
+    reach = cast(Affine, split.reach)
+    i0, i1 = split.owned_in(chunk)
+    first = -(-(i0 - reach.offset) // reach.stride)
+    return first, (i1 - reach.extent - reach.offset) // reach.stride + 1
+
+
+def _in_exchange_order(plan: ConvPlan) -> ConvPlan:
+    """The plan with its halos exchanged in the order that overlaps most (global)."""
+    if len(plan.splits) < 2 or not all(isinstance(s.reach, Affine) for s in plan.splits):
+        return plan
+    splits = exchange_order(plan.splits, _interior)
+    return replace(plan, spatial=replace(plan.spatial, splits=splits))
+
+
+def _rows(plan: ConvPlan) -> list[Rows] | None:
+    """Each sharded dim's rows, or None if this rank owns no output rows."""
+    rows = []
+    for split in plan.splits:
+        rank = plan.spatial.local_rank(split)
+        o0, o1 = split.owned_out(rank)
+        if o1 <= o0 or not isinstance(split.reach, Affine):
+            return None
+        rows.append(rows_of(split, rank, _interior(split, rank)))
+    return rows
 
 
 def _fallback(

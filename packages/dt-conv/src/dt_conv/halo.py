@@ -122,7 +122,7 @@ def _count(t: torch.Tensor) -> None:
 
 
 @functools.lru_cache(maxsize=512)
-def _anyone_exchanges(split: DimSplit) -> bool:
+def anyone_exchanges(split: DimSplit) -> bool:
     """Whether any rank of the split receives anything. All ranks agree (global
     metadata), so an exchange nobody needs issues no collective on any rank."""
     return any(exchange_plan(split, r).recvs for r in range(split.parts))
@@ -236,7 +236,7 @@ class PendingWindow:
         self.me = ranks.local_rank(mesh, split.mesh_dim)
         self.received: torch.Tensor | None = None
         self.pending: _AllToAll | None = None
-        if _anyone_exchanges(split):
+        if anyone_exchanges(split):
             packed = ranks.each_rank(mesh, _window_pack, split, self.me, local)
             self.pending = _AllToAll(mesh, split, packed)
 
@@ -274,12 +274,35 @@ class PendingScatter:
         self.split, self.mesh = split, mesh
         self.me = ranks.local_rank(mesh, split.mesh_dim)
         self.pending: _AllToAll | None = None
-        if _anyone_exchanges(split):
+        if anyone_exchanges(split):
             packed = ranks.each_rank(mesh, _scatter_pack, split, self.me, grad_window)
             self.out: torch.Tensor = packed[0]
             self.pending = _AllToAll(mesh, split, packed[1:])
         else:
             self.out = ranks.each_rank(mesh, _own_rows, split, self.me, grad_window)
+
+    @classmethod
+    def around(
+        cls,
+        own: torch.Tensor,
+        edges: tuple[torch.Tensor | None, torch.Tensor | None],
+        above: int,
+        split: DimSplit,
+        mesh: DeviceMesh,
+    ) -> PendingScatter:
+        """The scatter of the window gradient `cat([edges[0], own, edges[1]])` without
+        building it, on a real rank whose window is `framed(split, me, above)`: `own` is
+        its own rows' gradient (peers' rows are added into it in place), `edges` the
+        gradients of the `above` rows before and of the rows after (None where those are
+        all padding). The same exchange as from the whole window gradient."""
+        self = cls.__new__(cls)
+        self.split, self.mesh, self.out, self.pending = split, mesh, own, None
+        self.me = ranks.local_rank(mesh, split.mesh_dim)
+        ranks.mode_level("a scatter of halo rows")
+        if anyone_exchanges(split):
+            packed = _edges_pack(split, self.me, own, edges, above)
+            self.pending = _AllToAll(mesh, split, packed)
+        return self
 
     def finish(self) -> torch.Tensor:
         """This rank's rows of the gradient, everyone's contributions summed."""
@@ -307,6 +330,50 @@ def _sum_segments(
         first, length = seg.rows()
         target.narrow(dim, first, length).add_(part.flip(dim) if seg.step < 0 else part)
     return out, back
+
+
+def framed(split: DimSplit, me: int, above: int) -> bool:
+    """Whether rank `me`'s window along `split` is `above` rows of halo or padding, its own
+    rows in order, then halo or padding again (no own row repeated in the halo, as
+    reflected or wrapped padding would): the layout `PendingScatter.around` takes."""
+    lo, hi = split.owned_in(me)
+    offset = 0
+    for seg in exchange_plan(split, me).segments:
+        if seg.source == OWN:
+            if (offset, seg.start, seg.length, seg.step) != (above, 0, hi - lo, 1):
+                return False
+        elif offset < above + hi - lo and offset + seg.length > above:
+            return False  # a halo or padding row among the own ones
+        offset += seg.length
+    return True
+
+
+def _edges_pack(
+    split: DimSplit,
+    me: int,
+    own: torch.Tensor,
+    edges: tuple[torch.Tensor | None, torch.Tensor | None],
+    above: int,
+) -> tuple[Any, ...]:
+    """`_scatter_pack`'s rows for their owners, from a `framed` window's halo gradients."""
+    plan, dim = exchange_plan(split, me), split.dim
+    below_start = above + own.shape[dim]
+    back = [own.new_zeros(_resized(own, dim, n)) for _, n in plan.recvs]
+    offset = 0
+    for seg in plan.segments:
+        if seg.source not in (FILL, OWN):
+            edge = edges[0] if offset < above else edges[1]
+            if edge is None:
+                raise RuntimeError("dt-conv: a halo row's gradient was not computed")
+            part = edge.narrow(dim, offset if offset < above else offset - below_start, seg.length)
+            first, length = seg.rows()
+            back[seg.source].narrow(dim, first, length).add_(
+                part.flip(dim) if seg.step < 0 else part
+            )
+        offset += seg.length
+    pieces = {r: b for (r, _), b in zip(plan.recvs, back, strict=True)}
+    counts = {r: len(rows) for r, rows in plan.sends}
+    return _packed(own, split.dim, split.parts, pieces, counts)
 
 
 def _own_rows(split: DimSplit, me: int, grad_window: torch.Tensor) -> torch.Tensor:

@@ -3,16 +3,21 @@
 Output rows are owned by the chunk rule like every other op here. A rank gathers the
 input rows whose taps land on its output rows (`geometry.Transposed`), runs the local
 transposed conv with padding 0 along sharded dims, and keeps its owned rows; the bias is
-added after the crop. Backward puts the owned output gradient back into the local
-output's frame and calls `convolution_backward` on the window: input gradients go home
-through the adjoint exchange, weight and bias gradients are summed over the mesh dims
-that split the input (each output row is owned by exactly one rank).
+added after the crop. On real ranks the output rows reading only own input rows are
+computed while the halos travel, the rest after (`interior`), as for plain convs.
+Backward puts the owned output gradient back into the local output's frame and calls
+`convolution_backward` on the window: input gradients go home through the adjoint
+exchange, weight and bias gradients are summed over the mesh dims that split the input
+(each output row is owned by exactly one rank).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
 
 import torch
 from dt_core.dtensors import as_dtensor
@@ -21,8 +26,9 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from . import ranks
 from .backward_overlap import overlapped_gradients, overlaps_here
-from .geometry import DimSplit, Transposed, expand
+from .geometry import DimSplit, Range, Transposed, expand
 from .halo import scatter_add_window
+from .interior import exchange_order, overlapped_forward, rows_of
 from .partial_sums import summed
 from .plan import SpatialPlan, Splitter, plan_spatial
 from .spatial import gather_windows, window_shape
@@ -62,6 +68,13 @@ class TransposedPlan:
         """`aten.convolution`'s arguments after the bias for this rank's transposed conv of
         its window (padding 0 along sharded dims), which backward differentiates."""
         return (self.stride, self.local_padding, self.dilation, True, self.local_out_pad, groups)
+
+    def with_splits(self, splits: Sequence[DimSplit]) -> TransposedPlan:
+        """The same plan exchanging its halos in the order of `splits` (global, see
+        `interior.exchange_order`)."""
+        other = copy.copy(self)
+        other.spatial = replace(self.spatial, splits=tuple(splits))
+        return other
 
     @property
     def reduce_mesh_dims(self) -> tuple[int, ...]:
@@ -170,12 +183,103 @@ def forward(
     bias: torch.Tensor | None,
     groups: int,
 ) -> DTensor:
+    plan = plan.with_splits(exchange_order(plan.spatial.splits, _interior))
     sp = plan.spatial
     w, b = replicated(weight), replicated(bias)
     with torch.no_grad():
-        window = gather_windows(sp, x.to_local())
-        out = ranks.each_rank(sp.mesh, _forward_block, plan, window, w, b, groups)
+        xl = x.to_local()
+        # overlap is for real ranks: their choice is per rank
+        out = None if ranks.simulated() else _interior_first(plan, xl, w, b, groups)
+        if out is None:
+            window = gather_windows(sp, xl)
+            out = ranks.each_rank(sp.mesh, _forward_block, plan, window, w, b, groups)
     return as_dtensor(out, sp.mesh, sp.placements, sp.out_shape)
+
+
+def _interior_first(
+    plan: TransposedPlan,
+    local: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    groups: int,
+) -> torch.Tensor | None:
+    """This rank's owned output rows, each block computed while the halos it does not
+    read travel (`interior.overlapped_forward`).
+
+    Output row `o` sums the taps of input rows `ceil((o+p-span)/s) .. floor((o+p)/s)`;
+    it is interior if those that exist are this rank's own. None where this rank has
+    no block to compute early (an empty shard, or one too thin for any interior): it
+    then exchanges first, which issues the same exchanges in the same order, so every
+    rank may decide alone.
+    """
+    sp = plan.spatial
+    if not sp.splits or 0 in local.shape:
+        return None
+    rows = []
+    for split in sp.splits:
+        rank = sp.local_rank(split)
+        o0, o1 = split.owned_out(rank)
+        if o1 <= o0:
+            return None
+        rows.append(rows_of(split, rank, _interior(split, rank)))
+    shape = _owned_shape(plan, local)
+    block = functools.partial(_output_rows, plan, w, b, groups)
+    return overlapped_forward(sp, local, rows, shape, block)
+
+
+def _interior(split: DimSplit, chunk: int) -> Range:
+    """Output rows of `chunk` whose existing input rows are all its own."""
+    reach = cast(Transposed, split.reach)
+    s, p, span = reach.stride, reach.padding, reach.span
+    i0, i1 = split.owned_in(chunk)
+    o0, o1 = split.owned_out(chunk)
+    first = o0 if i0 == 0 else (i0 - 1) * s - p + span + 1  # reads nothing above i0
+    last = o1 if i1 == split.size else i1 * s - p  # reads nothing from i1 on
+    return (first, last) if i1 > i0 else (o0, o0)
+
+
+def _output_rows(
+    plan: TransposedPlan,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    groups: int,
+    piece: torch.Tensor,
+    starts: list[int],
+    region: list[Range],
+) -> torch.Tensor:
+    """Output rows `region` (per sharded dim) from the input rows `piece` holds, which
+    start at global rows `starts` and include every existing row those outputs read.
+
+    The local transposed conv's row `r` is global row `start*s - p + r`; region rows it
+    does not reach have no tap from any existing input row: zero (plus the bias).
+    """
+    splits = plan.spatial.splits
+    shape = _owned_shape(plan, piece)
+    for split, (a, c) in zip(splits, region, strict=True):
+        shape[split.dim] = c - a
+    covered: list[tuple[int, int, int]] = []  # per dim: (first row, count, offset in y)
+    y = None
+    if 0 not in piece.shape:
+        y = aten.convolution(piece, w, None, *plan.local_conv_args(groups))
+        for split, start, (a, c) in zip(splits, starts, region, strict=True):
+            y0 = start * plan.stride[split.dim - 2] - plan.padding[split.dim - 2]
+            lo, hi = max(a, y0), min(c, y0 + y.shape[split.dim])
+            covered.append((lo - a, max(0, hi - lo), lo - y0))
+    if y is not None and all(n == c - a for (_, n, _), (a, c) in zip(covered, region, strict=True)):
+        out = y
+        for split, (_, n, offset) in zip(splits, covered, strict=True):
+            out = out.narrow(split.dim, offset, n)
+    else:
+        out = piece.new_zeros(shape)
+        if y is not None and all(n > 0 for _, n, _ in covered):
+            target = out
+            for split, (first, n, offset) in zip(splits, covered, strict=True):
+                target = target.narrow(split.dim, first, n)
+                y = y.narrow(split.dim, offset, n)
+            target.copy_(y)
+    if b is not None:
+        out = out + b.reshape(1, -1, *([1] * (out.ndim - 2)))
+    return out
 
 
 def _forward_block(
