@@ -3,7 +3,10 @@
 `python packages/dt-cp/benchmarks/ring_profile.py [S] [rounds] [variant,...]` (default
 16384, 3, every variant): causal SDPA fwd+bwd, head-tail balanced, 2 ranks x 1 thread,
 rounds alternating
-  ring          (balanced chunk order, 2 chunks in flight: the default)
+  ring          (balanced chunk order, 2 chunks in flight, kernel calls of up to 2048 rows
+                 on the own block and 1024 query rows against a received chunk: the default)
+  ring-chunk2048 (2048 query rows against a received chunk too: the ring before)
+  ring-1024     (1024-row calls on the own block too)
   ring-own-first (the whole own block's backward first, as before)
   ring-depth1   (balanced order, 1 chunk in flight)
   ring-natural1 (natural chunk order, 1 chunk in flight: the previous ring)
@@ -83,10 +86,14 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, only: list, queue: A
         (algorithms, "OWN_BLOCK_LAST"): algorithms.OWN_BLOCK_LAST,
         (algorithms, "is_tracing"): algorithms.is_tracing,
         (blocks, "GATHERED_RANGE_ROWS"): blocks.GATHERED_RANGE_ROWS,
+        (blocks, "RING_RANGE_ROWS"): blocks.RING_RANGE_ROWS,
+        (blocks, "RING_CHUNK_RANGE_ROWS"): blocks.RING_CHUNK_RANGE_ROWS,
         (comm, "reduce_scatter_seq"): comm.reduce_scatter_seq,
     }
     variants: tuple[tuple[str, str, dict], ...] = (
         ("ring", "ring", {}),
+        ("ring-chunk2048", "ring", {"RING_CHUNK_RANGE_ROWS": 2048}),
+        ("ring-1024", "ring", {"RING_RANGE_ROWS": 1024}),
         ("ring-own-first", "ring", {"OWN_BLOCK_LAST": 0.0}),
         ("ring-depth1", "ring", {"RING_PREFETCH_CHUNKS": 1}),
         ("ring-natural1", "ring", {"RING_PREFETCH_CHUNKS": 1, "_chunk_order": natural}),

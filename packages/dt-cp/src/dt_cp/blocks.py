@@ -35,9 +35,13 @@ MAX_RANGE_ROWS = 1024
 # fused kernel faster (one thread, 2 heads x 128: 84 GFLOP/s forward / 81 backward on
 # 1024-row calls, 91 / 92 on 4096-row ones), and the all-gather's memory is O(S) regardless.
 GATHERED_RANGE_ROWS = 4096
-# The ring's calls: 2048 rows took its fwd+bwd from 1.17x to 1.10x of one process at
-# S=16k, P=2 (quiet machine, 2026-11-25) for 54 -> 59 MB peak per rank (4096: 1.10x, 73 MB).
+# The ring's calls on its own block: 2048 rows took its fwd+bwd from 1.17x to 1.10x of one
+# process at S=16k, P=2 (quiet machine, 2026-11-25) for 54 -> 59 MB peak per rank.
 RING_RANGE_ROWS = 2048
+# The ring's calls against a received chunk (query rows; the chunk is the key side). These
+# run while chunks and dK/dV shares are in flight, so their temporaries (a backward call
+# holds about four query-rows' worth of q-sized tensors) set the ring's peak.
+RING_CHUNK_RANGE_ROWS = 1024
 # The same when a BlockMask's sparsity can skip pieces (flex attention), whatever the above.
 SPARSE_RANGE_ROWS = 512
 # dt-cp's counters (dt-core's kit): "score_elements", the (query, key) scores this
@@ -431,4 +435,5 @@ def block_backward(
         dq[:, :, ql : ql + qn] += g.dq
         grads.k[:, :, kl : kl + kn] += g.dk
         grads.v[:, :, kl : kl + kn] += g.dv
+        del g  # the next call's temporaries must not meet this call's
     return grads
