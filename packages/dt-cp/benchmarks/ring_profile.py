@@ -7,6 +7,8 @@ rounds alternating
                  on the own block and 1024 query rows against a received chunk, the own
                  block's backward with nothing in flight: the default)
   ring-chunk2048 (2048 query rows against a received chunk too, as before)
+  ring-before   (that, the own block overlapping, and sent slices copied: the ring before
+                 its memory work, except that each call's dq/dk/dv are freed sooner)
   ring-1024     (1024-row calls on the own block too)
   ring-own-overlap (half the own block's backward while the first chunks arrive, half
                  while the last dK/dV share goes home, as before)
@@ -92,10 +94,20 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, only: list, queue: A
         (blocks, "RING_RANGE_ROWS"): blocks.RING_RANGE_ROWS,
         (blocks, "RING_CHUNK_RANGE_ROWS"): blocks.RING_CHUNK_RANGE_ROWS,
         (comm, "reduce_scatter_seq"): comm.reduce_scatter_seq,
+        (comm, "MAX_MESSAGES_PER_TENSOR"): comm.MAX_MESSAGES_PER_TENSOR,
     }
     variants: tuple[tuple[str, str, dict], ...] = (
         ("ring", "ring", {}),
         ("ring-chunk2048", "ring", {"RING_CHUNK_RANGE_ROWS": 2048}),
+        (
+            "ring-before",
+            "ring",
+            {
+                "RING_CHUNK_RANGE_ROWS": 2048,
+                "RING_OWN_BLOCK_OVERLAP": True,
+                "MAX_MESSAGES_PER_TENSOR": 0,
+            },
+        ),
         ("ring-1024", "ring", {"RING_RANGE_ROWS": 1024}),
         ("ring-own-overlap", "ring", {"RING_OWN_BLOCK_OVERLAP": True}),
         ("ring-depth1", "ring", {"RING_PREFETCH_CHUNKS": 1}),
