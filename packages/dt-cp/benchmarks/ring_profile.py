@@ -3,8 +3,15 @@
 `python packages/dt-cp/benchmarks/ring_profile.py [S] [rounds] [variant,...]` (default
 16384, 3, every variant): causal SDPA fwd+bwd, head-tail balanced, 2 ranks x 1 thread,
 rounds alternating
-  ring          (balanced chunk order, 2 chunks in flight: the default)
-  ring-own-first (the whole own block's backward first, as before)
+  ring          (balanced chunk order, 2 chunks in flight, kernel calls of up to 2048 rows
+                 on the own block and 1024 query rows against a received chunk, the own
+                 block's backward with nothing in flight: the default)
+  ring-chunk2048 (2048 query rows against a received chunk too, as before)
+  ring-before   (that, the own block overlapping, and sent slices copied: the ring before
+                 its memory work, except that each call's dq/dk/dv are freed sooner)
+  ring-1024     (1024-row calls on the own block too)
+  ring-own-overlap (half the own block's backward while the first chunks arrive, half
+                 while the last dK/dV share goes home, as before)
   ring-depth1   (balanced order, 1 chunk in flight)
   ring-natural1 (natural chunk order, 1 chunk in flight: the previous ring)
   allgather     (whole blocks point to point, half the own block computed while they
@@ -81,13 +88,28 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, only: list, queue: A
         (algorithms, "_chunk_order"): balanced,
         (algorithms, "RING_PREFETCH_CHUNKS"): algorithms.RING_PREFETCH_CHUNKS,
         (algorithms, "OWN_BLOCK_LAST"): algorithms.OWN_BLOCK_LAST,
+        (algorithms, "RING_OWN_BLOCK_OVERLAP"): algorithms.RING_OWN_BLOCK_OVERLAP,
         (algorithms, "is_tracing"): algorithms.is_tracing,
         (blocks, "GATHERED_RANGE_ROWS"): blocks.GATHERED_RANGE_ROWS,
+        (blocks, "RING_RANGE_ROWS"): blocks.RING_RANGE_ROWS,
+        (blocks, "RING_CHUNK_RANGE_ROWS"): blocks.RING_CHUNK_RANGE_ROWS,
         (comm, "reduce_scatter_seq"): comm.reduce_scatter_seq,
+        (comm, "MAX_MESSAGES_PER_TENSOR"): comm.MAX_MESSAGES_PER_TENSOR,
     }
     variants: tuple[tuple[str, str, dict], ...] = (
         ("ring", "ring", {}),
-        ("ring-own-first", "ring", {"OWN_BLOCK_LAST": 0.0}),
+        ("ring-chunk2048", "ring", {"RING_CHUNK_RANGE_ROWS": 2048}),
+        (
+            "ring-before",
+            "ring",
+            {
+                "RING_CHUNK_RANGE_ROWS": 2048,
+                "RING_OWN_BLOCK_OVERLAP": True,
+                "MAX_MESSAGES_PER_TENSOR": 0,
+            },
+        ),
+        ("ring-1024", "ring", {"RING_RANGE_ROWS": 1024}),
+        ("ring-own-overlap", "ring", {"RING_OWN_BLOCK_OVERLAP": True}),
         ("ring-depth1", "ring", {"RING_PREFETCH_CHUNKS": 1}),
         ("ring-natural1", "ring", {"RING_PREFETCH_CHUNKS": 1, "_chunk_order": natural}),
         ("allgather", "allgather", {}),

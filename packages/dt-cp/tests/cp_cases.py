@@ -211,7 +211,9 @@ class SweepCase:
         """`compare` of this case, with kernel pieces of `piece_rows` rows (and ring
         messages of `chunk_rows`, if given)."""
         ours, reference = self.attention()
-        with row_limits(piece_rows=self.piece_rows, chunk_rows=chunk_rows):
+        # Calls against received ring chunks on a grid of their own (one row shorter).
+        chunk_pieces = max(1, self.piece_rows - 1)
+        with row_limits(self.piece_rows, chunk_rows, chunk_pieces):
             return compare(
                 name,
                 ours,
@@ -228,15 +230,19 @@ class SweepCase:
 
 
 @contextlib.contextmanager
-def row_limits(piece_rows: int = 0, chunk_rows: int = 0) -> Iterator[None]:
-    """dt-cp's kernel pieces (`piece_rows`) and ring messages (`chunk_rows`) at most this
+def row_limits(
+    piece_rows: int = 0, chunk_rows: int = 0, chunk_piece_rows: int = 0
+) -> Iterator[None]:
+    """dt-cp's kernel pieces (`piece_rows`; against a received ring chunk
+    `chunk_piece_rows`, default the same) and ring messages (`chunk_rows`) at most this
     many rows inside the block (0: unchanged), so tiny cases cut blocks many ways."""
     import dt_cp.algorithms
     import dt_cp.blocks
 
     limits = [(dt_cp.algorithms, "RING_CHUNK_ROWS", chunk_rows)]
-    pieces = ("MAX_RANGE_ROWS", "GATHERED_RANGE_ROWS", "SPARSE_RANGE_ROWS")
+    pieces = ("MAX_RANGE_ROWS", "GATHERED_RANGE_ROWS", "RING_RANGE_ROWS", "SPARSE_RANGE_ROWS")
     limits += [(dt_cp.blocks, name, piece_rows) for name in pieces]
+    limits += [(dt_cp.blocks, "RING_CHUNK_RANGE_ROWS", chunk_piece_rows or piece_rows)]
     saved = [(module, name, getattr(module, name)) for module, name, rows in limits if rows]
     for module, name, rows in limits:
         if rows:

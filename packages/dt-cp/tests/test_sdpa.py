@@ -60,17 +60,27 @@ def sdpa_cases(world: int) -> None:
         cases.append((f"mask-{algorithm}", run_mask))
 
     def small_kernel_calls():
-        # Ranges cut into 3-row pieces: many diagonal / full / skipped pairs per block.
+        # Ranges cut into 3-row pieces (2-row ones against ring chunks of 2 rows): many
+        # diagonal / full / skipped pairs per block; the ring's own block overlapping its
+        # exchanges or not.
         import dt_cp
+        import dt_cp.algorithms
 
-        with row_limits(piece_rows=3):
-            for algorithm, balancer in (("ring", "head_tail"), ("allgather", "none")):
-                with dt_cp.settings(algorithm=algorithm):
-                    for f in (sdpa(is_causal=True), sdpa(attn_mask=bool_mask)):
-                        name = f"3-row pieces {algorithm} {balancer}"
-                        failure = compare(name, f, f, mesh, (1, 2, 11, 4), balancer=balancer)
-                        if failure:
-                            return failure
+        runs = (("ring", "head_tail", False), ("ring", "none", True), ("allgather", "none", True))
+        default = dt_cp.algorithms.RING_OWN_BLOCK_OVERLAP
+        with row_limits(piece_rows=3, chunk_rows=2, chunk_piece_rows=2):
+            for algorithm, balancer, overlap in runs:
+                dt_cp.algorithms.RING_OWN_BLOCK_OVERLAP = overlap
+                try:
+                    with dt_cp.settings(algorithm=algorithm):
+                        for f in (sdpa(is_causal=True), sdpa(attn_mask=bool_mask)):
+                            name = f"3-row pieces {algorithm} {balancer} overlap={overlap}"
+                            shape = (1, 2, 11, 4)
+                            failure = compare(name, f, f, mesh, shape, balancer=balancer)
+                            if failure:
+                                return failure
+                finally:
+                    dt_cp.algorithms.RING_OWN_BLOCK_OVERLAP = default
         return None
 
     cases.append(("small kernel calls", small_kernel_calls))

@@ -125,27 +125,39 @@ RING_CHUNK_ROWS = 512
 # Ring chunks in flight ahead of the one being computed. Two absorb the step-to-step
 # differences in work between partners (lockstep stalls) for one extra chunk of memory.
 RING_PREFETCH_CHUNKS = 2
+# Whether the ring's backward computes its own block while exchanges are in flight. Its
+# messages are small, so there is little transfer time to hide, while holding them during
+# the own block's largest kernel calls sets the peak (2 MB of 31 at S=8k, P=2): off, the
+# own block runs first with nothing posted, and the last dK/dV share is settled before
+# returning. The all-gather always overlaps (whole blocks travel: that is its point).
+RING_OWN_BLOCK_OVERLAP = False
 
 
 class Schedule(NamedTuple):
     """How the other ranks' blocks travel (in how many chunks each, how many in flight),
-    and the longest kernel call (None: `blocks.MAX_RANGE_ROWS`)."""
+    the longest kernel call on the own block (`piece_rows`) and on a received chunk
+    (`chunk_piece_rows`; None: `blocks.MAX_RANGE_ROWS`), and whether the own block's
+    backward overlaps the exchanges (`own_overlap`)."""
 
     chunks: int
     ahead: int
     piece_rows: int | None = None
+    chunk_piece_rows: int | None = None
+    own_overlap: bool = True
 
     @classmethod
     def ring(cls, shards: Shards) -> Schedule:
         """Chunks of at most `RING_CHUNK_ROWS` (the same count on every rank)."""
         longest = max(shards.kv_layout.sizes())
         chunks = max(1, -(-longest // RING_CHUNK_ROWS))
-        return cls(chunks, RING_PREFETCH_CHUNKS, blocks.RING_RANGE_ROWS)
+        rows = blocks.RING_RANGE_ROWS, blocks.RING_CHUNK_RANGE_ROWS
+        return cls(chunks, RING_PREFETCH_CHUNKS, *rows, RING_OWN_BLOCK_OVERLAP)
 
     @classmethod
     def allgather(cls, shards: Shards) -> Schedule:
         """Whole blocks, every one in flight from the start; the gathered path's kernels."""
-        return cls(1, max(1, shards.parts - 1), blocks.GATHERED_RANGE_ROWS)
+        rows = blocks.GATHERED_RANGE_ROWS
+        return cls(1, max(1, shards.parts - 1), rows, rows)
 
 
 class _Item(NamedTuple):
@@ -268,7 +280,7 @@ class _Incoming:
         """Send this rank's chunk `item.sent` to rank + step; receive the item's chunk."""
         a, b = self._mine[item.sent], self._mine[item.sent + 1]
         recv = _buffers(self._kv, item.hi - item.lo)
-        return RingStep(self._kv.rows(a, b), recv, self._pg, tag=1, shift=item.step)
+        return RingStep(self._kv.rows(a, b), recv, self._pg, tag=1, shift=item.step, leading=2)
 
     def _fill(self) -> None:
         while self._next < len(self._items) and len(self._posted) < self._ahead:
@@ -293,7 +305,7 @@ def exchanged_forward(
     block_forward(spec, acc, q, q_ranges, kv, shards.kv_layout.ranges(shards.rank), rows)
     for item in items:
         ranges = _item_ranges(shards, item)
-        block_forward(spec, acc, q, q_ranges, incoming.next(), ranges, rows)
+        block_forward(spec, acc, q, q_ranges, incoming.next(), ranges, schedule.chunk_piece_rows)
     return acc.result(q.dtype)
 
 
@@ -312,7 +324,7 @@ class _Returning:
         self.settle()
         a, b = self._mine[item.sent], self._mine[item.sent + 1]
         recv = _buffers(self._own, b - a)
-        exchange = RingStep(share, recv, self._pg, tag=2, shift=-item.step)
+        exchange = RingStep(share, recv, self._pg, tag=2, shift=-item.step, leading=2)
         self._pending = (exchange, a, b)
 
     def settle(self) -> None:
@@ -329,14 +341,14 @@ def exchanged_backward(
     """K/V arrive again as in forward; each block's dK/dV share goes straight home.
 
     Per rank: dq, its own dK/dV (the results), the blocks or chunks in flight, and one
-    share leaving and one arriving: no rank ever holds the whole dK/dV.
+    share leaving and one arriving: no rank ever holds the whole dK/dV. Without
+    `schedule.own_overlap`, nothing is in flight while the own block is computed.
     """
     pg = group_of(shards.group)
     q_ranges = shards.q_ranges()
     items = _items(shards, spec.causal, schedule.chunks)
     dq = torch.zeros_like(saved.q)
     own = KV(torch.zeros_like(kv.k), torch.zeros_like(kv.v))
-    incoming = _Incoming(pg, kv, items, schedule)
     own_ranges = shards.kv_layout.ranges(shards.rank)
     rows = schedule.piece_rows
 
@@ -345,15 +357,26 @@ def exchanged_backward(
         into = own.rows(lo, hi)
         block_backward(spec, dq, saved, q_ranges, kv.rows(lo, hi), ranges, into, rows)
 
-    cut = _own_cut(spec, own_ranges, kv.k.shape[2], rows)
-    own_rows(0, cut)  # while the other blocks arrive
+    n = kv.k.shape[2]
+    if schedule.own_overlap:
+        incoming = _Incoming(pg, kv, items, schedule)
+        cut = _own_cut(spec, own_ranges, n, rows)
+        own_rows(0, cut)  # while the other blocks arrive
+    else:
+        own_rows(0, n)  # before anything is posted
+        incoming = _Incoming(pg, kv, items, schedule)
+        cut = n
     returning = _Returning(pg, own, schedule.chunks)
     for item in items:
         ranges = _item_ranges(shards, item)
-        share = block_backward(spec, dq, saved, q_ranges, incoming.next(), ranges, rows=rows)
+        chunk = incoming.next()
+        share = block_backward(
+            spec, dq, saved, q_ranges, chunk, ranges, rows=schedule.chunk_piece_rows
+        )
         returning.send(share, item)
-        del share  # the exchange keeps it only until sent
-    own_rows(cut, kv.k.shape[2])  # while the last share goes home
+        del chunk, share  # the exchange keeps the share only until sent
+    if cut < n:
+        own_rows(cut, n)  # while the last share goes home
     returning.settle()
     return Grads(dq, *own)
 

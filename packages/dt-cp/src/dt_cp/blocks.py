@@ -35,9 +35,16 @@ MAX_RANGE_ROWS = 1024
 # fused kernel faster (one thread, 2 heads x 128: 84 GFLOP/s forward / 81 backward on
 # 1024-row calls, 91 / 92 on 4096-row ones), and the all-gather's memory is O(S) regardless.
 GATHERED_RANGE_ROWS = 4096
-# The ring's calls: 2048 rows took its fwd+bwd from 1.17x to 1.10x of one process at
-# S=16k, P=2 (quiet machine, 2026-11-25) for 54 -> 59 MB peak per rank (4096: 1.10x, 73 MB).
+# A fused backward call of q query rows against k key rows allocates dq and a copy of
+# grad_out's rows (q rows each), dk and dv (k rows each) and a ~1 MB work buffer.
+# The ring's calls on its own block: 2048 rows took its fwd+bwd from 1.17x to 1.10x of one
+# process at S=16k, P=2 (quiet machine, 2026-11-25); 9 MB per backward call there (B*H*D =
+# 256, fp32), run with nothing in flight: the own-block phase of the ring's peak.
 RING_RANGE_ROWS = 2048
+# The ring's calls against a received chunk (query rows; the chunk is the key side). They
+# run while chunks and dK/dV shares are in flight, so 2048 here would set the ring's peak
+# (32 MB instead of 30 at S=8k, P=2); measured about 1% slower than 2048 (README).
+RING_CHUNK_RANGE_ROWS = 1024
 # The same when a BlockMask's sparsity can skip pieces (flex attention), whatever the above.
 SPARSE_RANGE_ROWS = 512
 # dt-cp's counters (dt-core's kit): "score_elements", the (query, key) scores this
@@ -431,4 +438,5 @@ def block_backward(
         dq[:, :, ql : ql + qn] += g.dq
         grads.k[:, :, kl : kl + kn] += g.dk
         grads.v[:, :, kl : kl + kn] += g.dv
+        del g  # the next call's temporaries must not meet this call's
     return grads

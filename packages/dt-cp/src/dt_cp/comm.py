@@ -64,11 +64,27 @@ def reduce_scatter_seq(x: torch.Tensor, dim: int, sizes: Sequence[int], group: s
     return out.narrow(dim, 0, sizes[rank]).clone()
 
 
+# Most messages one tensor of an exchange is split into (see `RingStep`); a tensor with
+# more leading (batch, head) rows than this goes as one contiguous copy instead.
+MAX_MESSAGES_PER_TENSOR = 16
+
+
+def _messages(t: torch.Tensor, leading: int) -> list[torch.Tensor]:
+    """`t` as contiguous messages: one per index of its first `leading` dims where there
+    are at most `MAX_MESSAGES_PER_TENSOR` of them (a row slice of a contiguous (B, H, S, D)
+    block is then sent without a copy, and a receive buffer is filled in place), else whole.
+    Both sides decide from the leading sizes alone, which they share."""
+    if leading == 0 or t.dim() <= leading or t.shape[:leading].numel() > MAX_MESSAGES_PER_TENSOR:
+        return [t.contiguous()]
+    return [part.contiguous() for part in t.flatten(0, leading - 1)]
+
+
 class RingStep:
     """One async exchange: send tensors to rank+shift, receive as many from rank-shift.
 
-    Tensors go as separate messages (no packing copy: the ring's point is memory). Every
-    rank posts the same sequence of exchanges, so each send meets its receive.
+    Tensors go as separate messages, and with `leading` > 0 each is split over its first
+    `leading` dims (see `_messages`): no packing copy, since the ring's point is memory.
+    Every rank posts the same sequence of exchanges, so each send meets its receive.
     """
 
     def __init__(
@@ -78,17 +94,20 @@ class RingStep:
         pg: dist.ProcessGroup,
         tag: int = 0,
         shift: int = 1,
+        leading: int = 0,
     ) -> None:
         rank, size = dist.get_rank(pg), dist.get_world_size(pg)
         self.recv = list(recv)
-        self._send = [t.contiguous() for t in send]  # kept alive until the sends complete
+        # Kept alive until the sends complete (copies, where a message needed one).
+        self._send = [m for t in send for m in _messages(t, leading)]
+        into = [m for t in self.recv for m in _messages(t, leading)]
         ops = [
             dist.P2POp(dist.isend, t, group=pg, group_peer=(rank + shift) % size, tag=tag)
             for t in self._send
             if t.numel()
         ] + [
             dist.P2POp(dist.irecv, t, group=pg, group_peer=(rank - shift) % size, tag=tag)
-            for t in self.recv
+            for t in into
             if t.numel()
         ]
         self._works = dist.batch_isend_irecv(ops) if ops else []
