@@ -98,6 +98,9 @@ class RingStep:
     ) -> None:
         rank, size = dist.get_rank(pg), dist.get_world_size(pg)
         self.recv = list(recv)
+        if not all(t.is_contiguous() for t in self.recv):
+            # A message of a strided buffer would be a copy, and what it received lost.
+            raise ValueError("dt_cp: RingStep receive buffers must be contiguous")
         # Kept alive until the sends complete (copies, where a message needed one).
         self._send = [m for t in send for m in _messages(t, leading)]
         into = [m for t in self.recv for m in _messages(t, leading)]
