@@ -88,12 +88,11 @@ class PluginRegistry:
             disabled = discovery.disabled_names()
             candidates: list[tuple[PluginRecord, Callable[[], Any]]] = []
             for entry_point in discovery.plugin_entry_points():
-                dist, version = discovery.distribution_of(entry_point)
-                record = PluginRecord(entry_point.name, dist, version)
+                record = PluginRecord(entry_point.name, entry_point)
                 candidates.append((record, functools.partial(discovery.load_plugin, entry_point)))
             for name, plugin in self._in_process.items():
                 loaded: Callable[[], Any] = functools.partial(_itself, plugin)
-                candidates.append((PluginRecord(name, None, None), loaded))
+                candidates.append((PluginRecord(name), loaded))
             for record, load in candidates:
                 self._records[record.name] = record
                 if discovery.is_disabled(record.name, disabled):
