@@ -217,6 +217,11 @@ class Activation:
                     stacklevel=3,
                 )
 
+    def load_settings(self) -> None:
+        """Import every found plugin's settings modules (see `PluginRegistry.load_settings`)."""
+        with self._lock:
+            self.registry.load_settings()
+
     def is_active(self) -> bool:
         return self._active
 
@@ -259,3 +264,4 @@ deactivate = ACTIVATION.deactivate
 is_active = ACTIVATION.is_active
 plugins = ACTIVATION.plugins
 conflicts = ACTIVATION.conflicts
+load_settings = ACTIVATION.load_settings

@@ -6,7 +6,12 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from .hookspecs import DEFAULT_PLUGIN_API, HOOK_API_VERSION, PLUGIN_API_ATTRIBUTE
+from .hookspecs import (
+    DEFAULT_PLUGIN_API,
+    HOOK_API_VERSION,
+    PLUGIN_API_ATTRIBUTE,
+    SETTINGS_ATTRIBUTE,
+)
 from .versions import in_range, lower_bound, release
 
 
@@ -58,3 +63,20 @@ def incompatibility(declared: str, distribution: str | None) -> str | None:
         f"written for dt-core hook API {declared}, but dt-core {core_release()} provides "
         f"hook API {HOOK_API_VERSION}: {fix}"
     )
+
+
+class InvalidSettingsDeclaration(ValueError):
+    """A plugin's DT_SETTINGS does not name modules."""
+
+
+def declared_settings(plugin: Any) -> tuple[str, ...]:
+    """The modules creating `plugin`'s settings stores (DT_SETTINGS: one name or several)."""
+    declared = getattr(plugin, SETTINGS_ATTRIBUTE, ())
+    names = (declared,) if isinstance(declared, str) else declared
+    if not isinstance(names, (tuple, list)) or not all(
+        isinstance(name, str) and name for name in names
+    ):
+        raise InvalidSettingsDeclaration(
+            f"{SETTINGS_ATTRIBUTE} = {declared!r} is not a module name or a list of them"
+        )
+    return tuple(names)

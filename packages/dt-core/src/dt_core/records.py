@@ -18,6 +18,7 @@ class PluginRecord:
     state: State = "inactive"
     reason: str | None = None
     api: str | None = None  # hook API range the plugin declared (DT_API)
+    settings_modules: tuple[str, ...] = ()  # modules creating its settings (DT_SETTINGS)
     # kind name -> what the plugin's hook returned; a kind is absent until collected.
     contributions: dict[str, list[Any]] = field(default_factory=dict)
     warned: bool = field(default=False, repr=False)

@@ -4,6 +4,7 @@ hooks one plugin at a time, and marking (and warning once about) the ones that f
 from __future__ import annotations
 
 import functools
+import importlib
 import threading
 import warnings
 from collections.abc import Callable
@@ -119,6 +120,11 @@ class PluginRegistry:
             self.mark_unusable(record, "incompatible", problem)
             return
         try:
+            record.settings_modules = plugin_api.declared_settings(plugin)
+        except plugin_api.InvalidSettingsDeclaration as error:
+            self.fail(record, f"{error}; fix the plugin's DT_SETTINGS (e.g. 'package.config')")
+            return
+        try:
             manager.register(plugin, name=record.name)
             manager.check_pending()
         except Exception as error:  # noqa: BLE001 - isolate one plugin's mistakes
@@ -127,6 +133,23 @@ class PluginRegistry:
             self.fail(record, f"invalid hooks: {describe(error)}")
             return
         record.module = plugin
+
+    def load_settings(self) -> None:
+        """Import the settings modules every loaded plugin declares (DT_SETTINGS): each
+        registers its stores as it is imported. A module that fails to import fails its
+        plugin, as a failing hook does."""
+        with self._lock:
+            for record in self.records():
+                if record.module is None or record.state == "failed":
+                    continue
+                for module in record.settings_modules:
+                    try:
+                        importlib.import_module(module)
+                    except Exception as error:  # noqa: BLE001 - isolate one plugin's mistakes
+                        self.fail(
+                            record, f"importing its settings {module!r} failed: {describe(error)}"
+                        )
+                        break
 
     def collect(self, kind: Kind) -> None:
         """Call one kind's hook per usable plugin (not through pluggy's fan-out) so that
