@@ -3,6 +3,7 @@ hook API this dt-core provides, and if not, what should be upgraded."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
@@ -45,9 +46,11 @@ def declared_api(plugin: Any) -> str:
     return declared
 
 
-def incompatibility(declared: str, distribution: str | None) -> str | None:
+def incompatibility(declared: str, distribution: Callable[[], str | None]) -> str | None:
     """Why a plugin written for hook API `declared` cannot run on this dt-core (None if
-    it can), naming both versions and what to upgrade. InvalidApiRange when malformed."""
+    it can), naming both versions and what to upgrade. InvalidApiRange when malformed.
+    `distribution()` names the plugin's distribution; it is asked only for a message
+    (reading it parses the distribution's METADATA)."""
     try:
         if in_range(HOOK_API_VERSION, declared):
             return None
@@ -57,7 +60,7 @@ def incompatibility(declared: str, distribution: str | None) -> str | None:
     if lowest is not None and lowest > release(HOOK_API_VERSION):
         fix = "upgrade dt-core (pip install -U dt-core)"
     else:
-        target = distribution or "the plugin"
+        target = distribution() or "the plugin"
         fix = f"upgrade {target} to a release written for hook API {HOOK_API_VERSION}"
     return (
         f"written for dt-core hook API {declared}, but dt-core {core_release()} provides "

@@ -112,7 +112,7 @@ class PluginRegistry:
         """Check the plugin's hook-API range, then register its hooks."""
         try:
             record.api = plugin_api.declared_api(plugin)
-            problem = plugin_api.incompatibility(record.api, record.distribution)
+            problem = plugin_api.incompatibility(record.api, lambda: record.distribution)
         except plugin_api.InvalidApiRange as error:
             self.fail(record, f"{error}; fix the plugin's DT_API (e.g. '>=1.0,<2')")
             return
