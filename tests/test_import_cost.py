@@ -13,6 +13,15 @@ import subprocess
 import sys
 
 HEAVY = ("torch._dynamo", "torch._inductor", "torch.distributed.tensor")
+# Plugin modules that wait for first use: front ends, and the settings modules the plugins
+# name as DT_SETTINGS (imported when the settings are listed).
+DEFERRED = (
+    "dt_fsdp_passes.frontend",
+    "dt_fsdp_passes.config",
+    "dt_cp.config",
+    "dt_symm_mem.settings",
+    "dt_core.kit.settings",
+)
 PROBE = "import sys, json, torch; print(json.dumps(sorted(sys.modules)))"
 
 
@@ -31,3 +40,26 @@ def test_autoload_imports_no_heavy_torch_module() -> None:
     assert not heavy, heavy
     extra_torch = sorted(m for m in with_plugins - without if m.startswith("torch"))
     assert len(extra_torch) <= 5, extra_torch
+
+
+def test_autoload_leaves_plugin_front_ends_and_settings_for_later() -> None:
+    loaded = imported("1")
+    assert {"dt_conv.plugin", "dt_cp.plugin", "dt_fsdp_passes.plugin"} <= loaded
+    early = sorted(set(DEFERRED) & loaded)
+    assert not early, early
+
+
+def test_every_plugin_is_active_after_import_torch_and_lists_its_settings() -> None:
+    probe = (
+        "import torch, json, dt_core\n"
+        "from dt_core.kit import registered_settings\n"
+        "states = {p.name: p.state for p in dt_core.plugins()}\n"
+        "print(json.dumps([states, sorted(registered_settings())]))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DT_PLUGINS")}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    states, stores = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(states.values()) == {"active"}, states
+    assert {"cp", "fsdp-passes", "symm-mem"} <= set(stores), stores

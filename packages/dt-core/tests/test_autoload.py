@@ -96,6 +96,39 @@ def test_import_torch_arms_plugins_lazily_and_dtensor_import_installs_them() -> 
     assert lines(result, "HANDLER") == ["dt_sample_plugin.plugin._is_same_size"]
 
 
+# What autoload leaves for later: the installers of the lazy parts and the torch internals
+# they reach, the pass cache keys, the kit, the listing. Each was once imported by
+# `import torch` (the plugin table built at autoload called every hook).
+DEFERRED = (
+    "dt_core.compat.attention",
+    "dt_core.compat.dispatch",
+    "dt_core.compat.hop_rules",
+    "dt_core.compat.inductor_passes",
+    "dt_core.compat.sharding_rules",
+    "dt_core.graph_passes",
+    "dt_core.kit",
+    "dt_core.cli",
+)
+
+CHECK_IMPORTED = """
+import sys, torch
+print("DT", " ".join(sorted(m for m in sys.modules if m.startswith(("dt_", "pluggy")))))
+import dt_core
+print("STATE", " ".join(sorted(p.name + ":" + p.state for p in dt_core.plugins())))
+"""
+
+
+def test_import_torch_loads_only_what_arming_needs() -> None:
+    result = run_python(CHECK_IMPORTED)
+    imported = set(lines(result, "DT")[0].split())
+    assert {"dt_core.activation", "dt_sample_plugin.plugin"} <= imported
+    assert not imported & set(DEFERRED), sorted(imported & set(DEFERRED))
+    assert "sample:active" in lines(result, "STATE")[0].split()
+    # Off: torch loads the entry point's module and nothing else of dt-core.
+    off = lines(run_python(CHECK_IMPORTED, DT_PLUGINS_AUTOLOAD="0"), "DT")[0].split()
+    assert off == ["dt_core", "dt_core.autoload"]
+
+
 def test_autoload_off_installs_nothing_until_activate() -> None:
     script = """
     import torch, torch.distributed.tensor as t

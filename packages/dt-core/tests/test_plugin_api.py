@@ -8,6 +8,7 @@ plugins keep working."""
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import dt_core
@@ -75,6 +76,76 @@ def test_malformed_dt_api_fails_with_the_fix(core, api) -> None:  # noqa: F811
     with pytest.warns(RuntimeWarning, match="'garbled' failed"):
         info = {p.name: p for p in dt_core.activate()}["garbled"]
     assert info.state == "failed" and "DT_API" in info.reason and ">=1.0,<2" in info.reason
+
+
+# --- DT_SETTINGS: settings modules imported when listed, not when activated --------------
+
+SETTINGS_MODULE = """
+from dataclasses import dataclass
+from dt_core.kit import SettingsStore
+
+@dataclass(frozen=True)
+class Knobs:
+    depth: int = 3
+
+settings = SettingsStore("declared-probe", Knobs)
+"""
+
+
+@pytest.fixture
+def settings_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder on sys.path for settings modules; the stores they make are forgotten after."""
+    import sys
+
+    from dt_core.kit import settings
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(settings, "_registry", dict(settings._registry))
+    yield tmp_path
+    for name in [m for m in sys.modules if m.startswith("dt_probe_")]:
+        del sys.modules[name]
+
+
+def _settings_plugin(declared: object):
+    target = plugin(dt_op_handlers=lambda: [])
+    target.DT_SETTINGS = declared
+    return target
+
+
+def test_declared_settings_module_loads_when_settings_are_listed(core, settings_site) -> None:  # noqa: F811
+    import sys
+
+    from dt_core.kit import registered_settings
+
+    (settings_site / "dt_probe_settings.py").write_text(SETTINGS_MODULE)
+    dt_core.register_plugin(_settings_plugin("dt_probe_settings"), "declared")
+    core.append("declared")
+    assert {p.name: p.state for p in dt_core.activate()}["declared"] == "active"
+    assert "dt_probe_settings" not in sys.modules  # activation does not need it
+    assert registered_settings()["declared-probe"].current().depth == 3
+
+
+@pytest.mark.parametrize("declared", [3, ["dt_probe_a", ""]])
+def test_malformed_dt_settings_fails_with_the_fix(core, declared) -> None:  # noqa: F811
+    dt_core.register_plugin(_settings_plugin(declared), "garbled")
+    core.append("garbled")
+    with pytest.warns(RuntimeWarning, match="'garbled' failed"):
+        info = {p.name: p for p in dt_core.activate()}["garbled"]
+    assert info.state == "failed" and "DT_SETTINGS" in info.reason
+
+
+def test_settings_module_that_fails_to_import_fails_its_plugin(core, settings_site) -> None:  # noqa: F811
+    from dt_core.kit import registered_settings
+
+    (settings_site / "dt_probe_broken.py").write_text("raise ImportError('no knobs today')")
+    dt_core.register_plugin(_settings_plugin("dt_probe_broken"), "knobless")
+    core.append("knobless")
+    dt_core.activate()
+    with pytest.warns(RuntimeWarning, match="'knobless' failed"):
+        registered_settings()
+    info = {p.name: p for p in dt_core.plugins()}["knobless"]
+    assert info.state == "failed"
+    assert "'dt_probe_broken'" in info.reason and "no knobs today" in info.reason
 
 
 # --- installed plugins, through autoload and the CLI -------------------------------------

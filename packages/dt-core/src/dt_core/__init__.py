@@ -5,32 +5,76 @@ Plugins are modules named by entry points in the `dt.plugins` group, with hookim
 a plugin is enough: `import torch` arms them, and they install themselves into DTensor
 and Inductor when those are first imported. `HOOK_API_VERSION` is the hook API this core
 provides; a plugin states the range it was written for as `DT_API` in its module.
+
+The public names load from their modules on first use: `import torch` imports this
+package to reach `dt_core.autoload`, and with autoload off that must cost nothing.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.2.0"
 
-from .activation import (  # noqa: E402
-    activate,
-    deactivate,
-    is_active,
-    plugins,
-    register_plugin,
-    unregister_plugin,
-)
-from .contributions import (  # noqa: E402
-    GraphPass,
-    HopRule,
-    LibraryOps,
-    LocalTensorRule,
-    OpHandler,
-    Patch,
-    ShardingStrategy,
-)
-from .errors import DtPluginError, PluginConflictError, UnsupportedTorchError  # noqa: E402
-from .hookspecs import HOOK_API_VERSION, hookimpl  # noqa: E402
-from .records import PluginInfo  # noqa: E402
+if TYPE_CHECKING:
+    from .activation import (
+        activate,
+        deactivate,
+        is_active,
+        plugins,
+        register_plugin,
+        unregister_plugin,
+    )
+    from .contributions import (
+        GraphPass,
+        HopRule,
+        LibraryOps,
+        LocalTensorRule,
+        OpHandler,
+        Patch,
+        ShardingStrategy,
+    )
+    from .errors import DtPluginError, PluginConflictError, UnsupportedTorchError
+    from .hookspecs import HOOK_API_VERSION, hookimpl
+    from .records import PluginInfo
+
+# public name -> the dt_core module that defines it
+_HOME = {
+    **dict.fromkeys(
+        ("activate", "deactivate", "is_active", "plugins", "register_plugin", "unregister_plugin"),
+        "activation",
+    ),
+    **dict.fromkeys(
+        (
+            "GraphPass",
+            "HopRule",
+            "LibraryOps",
+            "LocalTensorRule",
+            "OpHandler",
+            "Patch",
+            "ShardingStrategy",
+        ),
+        "contributions",
+    ),
+    **dict.fromkeys(("DtPluginError", "PluginConflictError", "UnsupportedTorchError"), "errors"),
+    **dict.fromkeys(("HOOK_API_VERSION", "hookimpl"), "hookspecs"),
+    "PluginInfo": "records",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'dt_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"dt_core.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})
+
 
 __all__ = [
     "DtPluginError",

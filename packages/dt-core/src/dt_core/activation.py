@@ -151,33 +151,43 @@ class Activation:
         two plugins raises PluginConflictError naming both.
         """
         with self._lock:
-            problem = torch_version_problem()
-            if problem and not untested_torch_allowed():
-                if not lazy:
-                    raise UnsupportedTorchError(problem)
-                for record in self.registry.usable():
-                    self.registry.fail(record, problem)
-                return self.plugins()
-            self._raise_conflicts = not lazy
-            self._active = True
-            for record in self.registry.usable():
-                record.state, record.reason = "active", None
-            if not lazy:
-                try:
-                    for part in PARTS:
-                        self._install_part(part)
-                except PluginConflictError:
-                    self.deactivate()  # leave torch exactly as it was
-                    raise
-                return self.plugins()
-            for part in PARTS:
-                if part.trigger is None:
-                    self._install_part_safely(part)
-                else:
-                    import_hooks.when_imported(
-                        part.trigger, functools.partial(self._install_on_import, part)
-                    )
+            self._start(lazy=lazy)
             return self.plugins()
+
+    def arm(self) -> None:
+        """`activate(lazy=True)` without building the plugin table: what autoload calls
+        during `import torch`. The table would call every plugin hook, and so import what
+        the lazy parts exist to defer."""
+        with self._lock:
+            self._start(lazy=True)
+
+    def _start(self, *, lazy: bool) -> None:
+        problem = torch_version_problem()
+        if problem and not untested_torch_allowed():
+            if not lazy:
+                raise UnsupportedTorchError(problem)
+            for record in self.registry.usable():
+                self.registry.fail(record, problem)
+            return
+        self._raise_conflicts = not lazy
+        self._active = True
+        for record in self.registry.usable():
+            record.state, record.reason = "active", None
+        if not lazy:
+            try:
+                for part in PARTS:
+                    self._install_part(part)
+            except PluginConflictError:
+                self.deactivate()  # leave torch exactly as it was
+                raise
+            return
+        for part in PARTS:
+            if part.trigger is None:
+                self._install_part_safely(part)
+            else:
+                import_hooks.when_imported(
+                    part.trigger, functools.partial(self._install_on_import, part)
+                )
 
     def deactivate(self) -> None:
         """Take every contribution out again, restoring what was there (the same objects)."""
@@ -206,6 +216,11 @@ class Activation:
                     RuntimeWarning,
                     stacklevel=3,
                 )
+
+    def load_settings(self) -> None:
+        """Import every found plugin's settings modules (see `PluginRegistry.load_settings`)."""
+        with self._lock:
+            self.registry.load_settings()
 
     def is_active(self) -> bool:
         return self._active
@@ -244,7 +259,9 @@ ACTIVATION = Activation()
 register_plugin = ACTIVATION.register_plugin
 unregister_plugin = ACTIVATION.unregister_plugin
 activate = ACTIVATION.activate
+arm = ACTIVATION.arm
 deactivate = ACTIVATION.deactivate
 is_active = ACTIVATION.is_active
 plugins = ACTIVATION.plugins
 conflicts = ACTIVATION.conflicts
+load_settings = ACTIVATION.load_settings

@@ -23,9 +23,9 @@ def autoload() -> None:
     if not autoload_enabled():
         return
     try:
-        from .activation import activate
+        from .activation import arm
 
-        activate(lazy=True)
+        arm()
     except Exception as error:  # noqa: BLE001 - never break `import torch`
         warnings.warn(
             f"dt-core: plugin autoload failed ({type(error).__name__}: {error}); "

@@ -106,6 +106,11 @@ class GraphPass:
     source_files: Sequence[str] = ()
 
 
+def pass_identity(owner: str, graph_pass: GraphPass) -> str:
+    """The name a plugin's pass is installed, listed and cache-keyed under."""
+    return f"{owner}:{graph_pass.name}"
+
+
 @dataclass(frozen=True)
 class Patch:
     """Replace `target.attribute` with `replacement` while the plugin is active;

@@ -8,8 +8,6 @@ import os
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from .plugin_api import newer_core_hint
-
 ENTRY_POINT_GROUP = "dt.plugins"
 DISABLE_ENV = "DT_PLUGINS_DISABLE"
 
@@ -40,11 +38,21 @@ def distribution_of(entry_point: EntryPoint) -> tuple[str | None, str | None]:
     dist = getattr(entry_point, "dist", None)
     if dist is None:
         return None, None
-    return dist.metadata["Name"], dist.version
+    metadata = dist.metadata  # parsed anew on each access: read both from one parse
+    return metadata["Name"], metadata["Version"]
 
 
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
+
+
+def _where(entry_point: EntryPoint) -> str:
+    return f"entry point '{entry_point.name} = {entry_point.value}'"
+
+
+def _dist(entry_point: EntryPoint) -> str:
+    """For messages only: reading the name parses the distribution's METADATA."""
+    return distribution_of(entry_point)[0] or "its distribution"
 
 
 def _names_dt_core(error: ImportError) -> bool:
@@ -58,8 +66,6 @@ def load_plugin(entry_point: EntryPoint) -> Any:
     installed, an object the module lacks, or an import of a dt-core name that this
     dt-core does not have (a plugin built for a newer core).
     """
-    dist = distribution_of(entry_point)[0] or "its distribution"
-    where = f"entry point '{entry_point.name} = {entry_point.value}'"
     module_name = entry_point.module
     try:
         target: Any = importlib.import_module(module_name)
@@ -67,12 +73,14 @@ def load_plugin(entry_point: EntryPoint) -> Any:
         missing = error.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
             raise PluginLoadError(
-                f"{where} names module {module_name!r}, which is not installed: "
-                f"reinstall {dist} or uninstall it"
+                f"{_where(entry_point)} names module {module_name!r}, which is not installed: "
+                f"reinstall {_dist(entry_point)} or uninstall it"
             ) from error
         raise PluginLoadError(f"import failed: {_describe(error)}") from error
     except ImportError as error:
         if _names_dt_core(error):
+            from .plugin_api import newer_core_hint
+
             raise PluginLoadError(
                 f"import failed: {_describe(error)}; {newer_core_hint()}"
             ) from error
@@ -82,8 +90,8 @@ def load_plugin(entry_point: EntryPoint) -> Any:
     for attribute in (entry_point.attr or "").split(".") if entry_point.attr else ():
         if not hasattr(target, attribute):
             raise PluginLoadError(
-                f"{where} names {entry_point.attr!r}, which module {module_name!r} does not "
-                f"define: reinstall {dist} or uninstall it"
+                f"{_where(entry_point)} names {entry_point.attr!r}, which module "
+                f"{module_name!r} does not define: reinstall {_dist(entry_point)} or uninstall it"
             )
         target = getattr(target, attribute)
     return target

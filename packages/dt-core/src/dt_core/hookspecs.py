@@ -12,6 +12,11 @@ optional field raises MINOR (plugins written for an older minor keep working); r
 or changing one raises MAJOR. A plugin module states the range it was written for as
 `DT_API = ">=1.0,<2"` (default when absent: `DEFAULT_PLUGIN_API`); outside it the plugin
 is not activated and `dt-plugins list` shows it as incompatible.
+
+A plugin with settings names the module(s) that create its `dt_core.kit.SettingsStore`
+as `DT_SETTINGS = "package.config"` (API 1.3) instead of importing them: dt-core imports
+them when the settings are listed (`dt_core.kit.registered_settings()`), so `import
+torch`, which loads every plugin module, does not pay for them.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 # 1.0: op handlers, HOP rules, sharding strategies, library ops, graph passes.
 # 1.1: patches (dt_patches), LibraryOps.defined_in.
 # 1.2: rules for torch's LocalTensorMode (dt_local_tensor_rules).
-HOOK_API_VERSION = "1.2"
+# 1.3: DT_SETTINGS, settings modules imported when the settings are listed.
+HOOK_API_VERSION = "1.3"
 DEFAULT_PLUGIN_API = ">=1.0,<2"  # what a plugin without DT_API was written for
 PLUGIN_API_ATTRIBUTE = "DT_API"
+SETTINGS_ATTRIBUTE = "DT_SETTINGS"
 
 
 def _specification(kind: Kind) -> Callable[[], Sequence[Any]]:

@@ -2,6 +2,8 @@
 
 Each undo puts back the very object that was there before. Installers run under the
 activation lock; the kinds table (`dt_core.kinds`) says which installer serves which kind.
+Only library ops are installed during `import torch`: each other installer imports the
+compat module it needs when it runs, so that import stays light.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from . import contributions, graph_passes, import_hooks
-from .compat import MISSING, dispatch, hop_rules, inductor_passes, library, sharding_rules
+from . import contributions, import_hooks
+from .compat import MISSING, library
 from .compat.torch_version import torch_version, untested_torch_allowed
 from .errors import DtPluginError
 from .versions import in_range
@@ -74,11 +76,15 @@ def install_local_tensor_rule(owner: str, rule: contributions.LocalTensorRule) -
 
 
 def install_op_handler(owner: str, handler: contributions.OpHandler) -> Undo:
+    from .compat import dispatch
+
     previous = dispatch.swap_op_handler(handler.op, handler.handler)
     return lambda: dispatch.swap_op_handler(handler.op, previous)
 
 
 def install_sharding_strategy(owner: str, strategy: contributions.ShardingStrategy) -> Undo:
+    from .compat import sharding_rules
+
     if strategy.kind == "placements":
         func, schema_info = sharding_rules.placement_strategy(strategy.op, strategy.func)
         strategy = contributions.ShardingStrategy(
@@ -89,16 +95,17 @@ def install_sharding_strategy(owner: str, strategy: contributions.ShardingStrate
 
 
 def install_hop_rule(owner: str, rule: contributions.HopRule) -> Undo:
+    from .compat import hop_rules
+
     previous = hop_rules.swap_hop_rule(rule.hop, rule.subclass, rule.fn)
     return lambda: hop_rules.swap_hop_rule(rule.hop, rule.subclass, previous)
 
 
-def pass_identity(owner: str, graph_pass: contributions.GraphPass) -> str:
-    return f"{owner}:{graph_pass.name}"
-
-
 def install_graph_pass(owner: str, graph_pass: contributions.GraphPass) -> Undo:
-    identity = pass_identity(owner, graph_pass)
+    from . import graph_passes
+    from .compat import inductor_passes
+
+    identity = contributions.pass_identity(owner, graph_pass)
     wrapped = inductor_passes.make_graph_pass(
         identity, graph_pass.fn, graph_passes.uuid_function(identity, graph_pass)
     )

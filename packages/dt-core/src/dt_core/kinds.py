@@ -6,17 +6,23 @@ usable plugins with the same key in the same part conflict) and the column
 `dt-plugins list` shows it in. Activation (`dt_core.activation`) is driven by this table
 alone, and the hook specifications are made from it: adding a kind is one entry here and
 one installer.
+
+The installers, and the torch internals they reach through `dt_core.compat`, load on
+first use (`_lazy`): the table itself is read during `import torch`, when only library
+ops are installed.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from . import contributions, installers
-from .compat import dispatch
-from .graph_passes import describe_settings
+from . import contributions
+
+if TYPE_CHECKING:
+    from .installers import Undo
 
 Column = Literal["ops", "passes", "patches"]
 
@@ -47,12 +53,25 @@ class Kind:
     doc: str  # the hook's docstring: what a plugin returns from it
     record_type: type
     part: Part
-    install: Callable[[str, Any], installers.Undo]  # (plugin name, contribution) -> undo
+    install: Callable[[str, Any], Undo]  # (plugin name, contribution) -> undo
     claims: Callable[[str, Any], list[str]]  # (plugin name, contribution) -> conflict keys
     column: Column  # where `dt-plugins list` shows the claims
     describe: Callable[[Any], dict[str, Any]] | None = None  # extra detail for the listing
     after_change: Callable[[], None] | None = None  # once after installing or removing any
 
+
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """`dt_core.<module>.<name>`, imported when first called."""
+
+    def call(*args: Any) -> Any:
+        return getattr(importlib.import_module(f"dt_core.{module}"), name)(*args)
+
+    call.__qualname__ = call.__name__ = name
+    return call
+
+
+# One object for both DTensor kinds, so a change to both clears the caches once.
+_clear_sharding_caches = _lazy("compat.dispatch", "clear_sharding_caches")
 
 KINDS: tuple[Kind, ...] = (
     Kind(
@@ -61,7 +80,7 @@ KINDS: tuple[Kind, ...] = (
         doc="torch.library ops (definitions, kernels, fake kernels) the plugin registers.",
         record_type=contributions.LibraryOps,
         part=LIBRARY,
-        install=installers.install_library_ops,
+        install=_lazy("installers", "install_library_ops"),
         claims=lambda owner, lib: list(lib.ops),
         column="ops",
     ),
@@ -71,10 +90,10 @@ KINDS: tuple[Kind, ...] = (
         doc="Ops whose whole DTensor dispatch the plugin takes over.",
         record_type=contributions.OpHandler,
         part=DTENSOR,
-        install=installers.install_op_handler,
+        install=_lazy("installers", "install_op_handler"),
         claims=lambda owner, handler: [str(handler.op)],
         column="ops",
-        after_change=dispatch.clear_sharding_caches,
+        after_change=_clear_sharding_caches,
     ),
     Kind(
         name="sharding_strategies",
@@ -82,10 +101,10 @@ KINDS: tuple[Kind, ...] = (
         doc="Sharding strategies / propagation rules the plugin registers.",
         record_type=contributions.ShardingStrategy,
         part=DTENSOR,
-        install=installers.install_sharding_strategy,
+        install=_lazy("installers", "install_sharding_strategy"),
         claims=lambda owner, strategy: [str(strategy.op)],
         column="ops",
-        after_change=dispatch.clear_sharding_caches,
+        after_change=_clear_sharding_caches,
     ),
     Kind(
         name="hop_rules",
@@ -93,7 +112,7 @@ KINDS: tuple[Kind, ...] = (
         doc="Higher-order-operator rules for tensor subclasses (installed with DTensor's part).",
         record_type=contributions.HopRule,
         part=DTENSOR,
-        install=installers.install_hop_rule,
+        install=_lazy("installers", "install_hop_rule"),
         claims=lambda owner, rule: [rule.claim()],
         column="ops",
     ),
@@ -103,7 +122,7 @@ KINDS: tuple[Kind, ...] = (
         doc="Attributes of torch the plugin replaces while active (API 1.1; DTensor's part).",
         record_type=contributions.Patch,
         part=DTENSOR,
-        install=installers.install_patch,
+        install=_lazy("installers", "install_patch"),
         claims=lambda owner, patch: [patch.claim()],
         column="patches",
         describe=lambda patch: {"torch": patch.torch_versions or "any"},
@@ -114,10 +133,10 @@ KINDS: tuple[Kind, ...] = (
         doc="Inductor post-grad graph passes the plugin contributes.",
         record_type=contributions.GraphPass,
         part=INDUCTOR,
-        install=installers.install_graph_pass,
-        claims=lambda owner, graph_pass: [installers.pass_identity(owner, graph_pass)],
+        install=_lazy("installers", "install_graph_pass"),
+        claims=lambda owner, graph_pass: [contributions.pass_identity(owner, graph_pass)],
         column="passes",
-        describe=describe_settings,
+        describe=_lazy("graph_passes", "describe_settings"),
     ),
     Kind(
         name="local_tensor_rules",
@@ -128,7 +147,7 @@ KINDS: tuple[Kind, ...] = (
         ),
         record_type=contributions.LocalTensorRule,
         part=LOCAL_TENSOR,
-        install=installers.install_local_tensor_rule,
+        install=_lazy("installers", "install_local_tensor_rule"),
         claims=lambda owner, rule: [rule.claim()],
         column="ops",
     ),

@@ -13,15 +13,34 @@ class PluginRecord:
     """Mutable bookkeeping for one plugin, owned by the activation object."""
 
     name: str
-    distribution: str | None
-    version: str | None
+    origin: Any = None  # the entry point it was found through; None: registered in-process
     module: Any = None
     state: State = "inactive"
     reason: str | None = None
     api: str | None = None  # hook API range the plugin declared (DT_API)
+    settings_modules: tuple[str, ...] = ()  # modules creating its settings (DT_SETTINGS)
     # kind name -> what the plugin's hook returned; a kind is absent until collected.
     contributions: dict[str, list[Any]] = field(default_factory=dict)
     warned: bool = field(default=False, repr=False)
+    _distribution: tuple[str | None, str | None] | None = field(default=None, repr=False)
+
+    def _name_and_version(self) -> tuple[str | None, str | None]:
+        """The distribution's name and version, read when first asked for: reading them
+        parses its METADATA file, which `import torch` has no need to pay for."""
+        if self._distribution is None:
+            from .discovery import distribution_of
+
+            found = distribution_of(self.origin) if self.origin is not None else None
+            self._distribution = found or (None, None)
+        return self._distribution
+
+    @property
+    def distribution(self) -> str | None:
+        return self._name_and_version()[0]
+
+    @property
+    def version(self) -> str | None:
+        return self._name_and_version()[1]
 
     @property
     def usable(self) -> bool:

@@ -4,6 +4,7 @@ hooks one plugin at a time, and marking (and warning once about) the ones that f
 from __future__ import annotations
 
 import functools
+import importlib
 import threading
 import warnings
 from collections.abc import Callable
@@ -88,12 +89,11 @@ class PluginRegistry:
             disabled = discovery.disabled_names()
             candidates: list[tuple[PluginRecord, Callable[[], Any]]] = []
             for entry_point in discovery.plugin_entry_points():
-                dist, version = discovery.distribution_of(entry_point)
-                record = PluginRecord(entry_point.name, dist, version)
+                record = PluginRecord(entry_point.name, entry_point)
                 candidates.append((record, functools.partial(discovery.load_plugin, entry_point)))
             for name, plugin in self._in_process.items():
                 loaded: Callable[[], Any] = functools.partial(_itself, plugin)
-                candidates.append((PluginRecord(name, None, None), loaded))
+                candidates.append((PluginRecord(name), loaded))
             for record, load in candidates:
                 self._records[record.name] = record
                 if discovery.is_disabled(record.name, disabled):
@@ -112,12 +112,17 @@ class PluginRegistry:
         """Check the plugin's hook-API range, then register its hooks."""
         try:
             record.api = plugin_api.declared_api(plugin)
-            problem = plugin_api.incompatibility(record.api, record.distribution)
+            problem = plugin_api.incompatibility(record.api, lambda: record.distribution)
         except plugin_api.InvalidApiRange as error:
             self.fail(record, f"{error}; fix the plugin's DT_API (e.g. '>=1.0,<2')")
             return
         if problem:
             self.mark_unusable(record, "incompatible", problem)
+            return
+        try:
+            record.settings_modules = plugin_api.declared_settings(plugin)
+        except plugin_api.InvalidSettingsDeclaration as error:
+            self.fail(record, f"{error}; fix the plugin's DT_SETTINGS (e.g. 'package.config')")
             return
         try:
             manager.register(plugin, name=record.name)
@@ -128,6 +133,23 @@ class PluginRegistry:
             self.fail(record, f"invalid hooks: {describe(error)}")
             return
         record.module = plugin
+
+    def load_settings(self) -> None:
+        """Import the settings modules every loaded plugin declares (DT_SETTINGS): each
+        registers its stores as it is imported. A module that fails to import fails its
+        plugin, as a failing hook does."""
+        with self._lock:
+            for record in self.records():
+                if record.module is None or record.state == "failed":
+                    continue
+                for module in record.settings_modules:
+                    try:
+                        importlib.import_module(module)
+                    except Exception as error:  # noqa: BLE001 - isolate one plugin's mistakes
+                        self.fail(
+                            record, f"importing its settings {module!r} failed: {describe(error)}"
+                        )
+                        break
 
     def collect(self, kind: Kind) -> None:
         """Call one kind's hook per usable plugin (not through pluggy's fan-out) so that

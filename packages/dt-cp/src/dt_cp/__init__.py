@@ -6,13 +6,24 @@ along the sequence; `dt_cp.flex_attention` does the same for flex attention.
 
 from __future__ import annotations
 
-from .config import ALGORITHMS, LOAD_BALANCERS, Settings, configure, current, reset, settings
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import ALGORITHMS, LOAD_BALANCERS, Settings, configure, current, reset, settings
 
 __version__ = "0.1.0"
 
+_CONFIG_NAMES = ("ALGORITHMS", "LOAD_BALANCERS", "Settings", "configure", "current", "reset")
+
 
 def __getattr__(name: str) -> object:
-    # Heavy (torch.distributed.tensor) parts load on first use, keeping `import dt_cp` light.
+    # Everything loads on first use: `import torch` imports `dt_cp.plugin`, and so this
+    # package; the settings load with it only when asked for (the plugin's DT_SETTINGS),
+    # the heavy (torch.distributed.tensor) parts on the first attention call.
+    if name in (*_CONFIG_NAMES, "settings"):
+        from . import config
+
+        return getattr(config, name)
     if name in ("shard_sequence", "unshard_sequence"):
         from . import sharding
 

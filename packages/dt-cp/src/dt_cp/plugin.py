@@ -12,9 +12,9 @@ from typing import Any
 
 from dt_core import HopRule, LibraryOps, OpHandler, Patch, hookimpl
 
-from dt_cp import config as _config  # noqa: F401  (registers the settings store: dt-plugins list --settings)
-
-DT_API = ">=1.1,<2"  # dt-core hook API this plugin is written for (1.1: dt_patches)
+# dt-core hook API this plugin is written for (1.1: dt_patches; 1.3: DT_SETTINGS)
+DT_API = ">=1.3,<2"
+DT_SETTINGS = "dt_cp.config"  # creates the settings store
 
 
 def _forward(op_call: Any, args: tuple, kwargs: dict) -> object:

@@ -7,10 +7,38 @@ the resulting all-gathers / reduce-scatters and reorder them for overlap, on any
 
 from __future__ import annotations
 
-from dt_fsdp_passes.config import FsdpPassSettings, configure, current_settings
-from dt_fsdp_passes.frontend import MixedPrecision, gathered_state, is_simple_fsdp, simple_fsdp
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dt_fsdp_passes.config import FsdpPassSettings, configure, current_settings
+    from dt_fsdp_passes.frontend import (
+        MixedPrecision,
+        gathered_state,
+        is_simple_fsdp,
+        simple_fsdp,
+    )
 
 __version__ = "0.1.0"
+
+# The public names load on first use: `import torch` imports `dt_fsdp_passes.plugin`, and
+# so this package, which must not pull in the front end (or the settings: the plugin
+# names them as DT_SETTINGS) on every `import torch`.
+_LAZY = {
+    **dict.fromkeys(("FsdpPassSettings", "configure", "current_settings"), "config"),
+    **dict.fromkeys(
+        ("MixedPrecision", "gathered_state", "is_simple_fsdp", "simple_fsdp"), "frontend"
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"dt_fsdp_passes.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dt_fsdp_passes' has no attribute {name!r}")
+
 
 __all__ = [
     "FsdpPassSettings",

@@ -3,7 +3,8 @@ that keeps torch's DTensor sharding cache from leaking stale meshes into compile
 
 Light at import: the pass functions live in `dt_fsdp_passes.passes`, imported only when
 Inductor's config is first imported (that is when dt-core calls this hook). The settings
-module is imported here (it is light) so `dt-plugins list --settings` shows its store.
+module is named as DT_SETTINGS, so dt-core imports it for `dt-plugins list --settings`
+and `import torch` does not.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from typing import Any
 
 from dt_core import GraphPass, Patch, hookimpl
 
-from dt_fsdp_passes.config import settings
-
-DT_API = ">=1.1,<2"  # dt-core hook API this plugin is written for (1.1: dt_patches)
+# dt-core hook API this plugin is written for (1.1: dt_patches; 1.3: DT_SETTINGS)
+DT_API = ">=1.3,<2"
+DT_SETTINGS = "dt_fsdp_passes.config"  # creates the settings store
 
 # Order within the post_grad_post stage (other plugins' passes default to 0):
 # - bucketing runs first, so FSDP's gradient reduce-scatters (mm -> reduce_scatter on the
@@ -28,6 +29,7 @@ OVERLAP_ORDER = 20
 
 
 def _settings() -> dict[str, Any]:
+    from dt_fsdp_passes.config import settings
     from dt_fsdp_passes.groups import as_dict
 
     return {**settings.current().as_dict(), **as_dict()}

@@ -14,10 +14,10 @@ from typing import Any
 
 from dt_core import GraphPass, LibraryOps, LocalTensorRule, hookimpl
 
-from dt_symm_mem.settings import settings
-
-# dt-core hook API this plugin is written for (1.1: LibraryOps.defined_in; 1.2: LocalTensorRule)
-DT_API = ">=1.2,<2"
+# dt-core hook API this plugin is written for (1.1: LibraryOps.defined_in; 1.2: LocalTensorRule;
+# 1.3: DT_SETTINGS)
+DT_API = ">=1.3,<2"
+DT_SETTINGS = "dt_symm_mem.settings"  # creates the settings store
 
 NAMESPACE = "symm_mem"
 DEFINED_IN = "torch.distributed._symmetric_memory"  # its import defines symm_mem::*
@@ -72,6 +72,8 @@ def _fuse(graph: Any) -> None:
 
 
 def _settings() -> dict[str, Any]:
+    from dt_symm_mem.settings import settings
+
     return {"disabled": not settings.current().compile_pass}
 
 

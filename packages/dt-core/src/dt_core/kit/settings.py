@@ -4,7 +4,9 @@ In order of precedence: an active `store.scoped(...)` block, `store.configure(..
 environment (`DT_<PLUGIN>_<FIELD>`, e.g. `DT_CP_ALGORITHM=ring`), the field's default.
 Field types say how an environment value is parsed (bool, int, float, str, `Literal`
 choices, tuples of those, optional ones); the dataclass's `__post_init__` checks the
-rest. Every store is registered, so `dt-plugins list --settings` can show them all.
+rest. Every store is registered, so `dt-plugins list --settings` can show them all; a
+plugin names the module creating its store as `DT_SETTINGS` (see `dt_core.hookspecs`)
+so that module need not load during `import torch`.
 
 - Renamed variables: `aliases={field: "OLD_NAME"}` keeps an older variable working; it is
   read the same way, and the `DT_<PLUGIN>_<FIELD>` name wins when both are set.
@@ -240,6 +242,12 @@ class SettingsStore(Generic[T]):
 
 
 def registered_settings() -> dict[str, SettingsStore[Any]]:
-    """Every plugin's settings store, by plugin name (stores register when created)."""
+    """Every plugin's settings store, by plugin name (stores register when created).
+
+    The settings modules that found plugins declare (`DT_SETTINGS`) are imported first.
+    """
+    from ..activation import load_settings
+
+    load_settings()
     with _lock:
         return dict(_registry)
