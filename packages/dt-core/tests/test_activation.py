@@ -39,7 +39,10 @@ def _other_installed_plugins() -> list[str]:
 
 @pytest.fixture
 def core(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """A deactivated core; names registered through the yielded list are cleaned up."""
+    """A deactivated core; names registered through the yielded list are cleaned up, and
+    the core is left as found (active with the installed plugins, if it was), so a later
+    test in the same process (another package's) meets what autoload set up."""
+    was_active = dt_core.is_active()
     monkeypatch.setenv("DT_PLUGINS_DISABLE", ",".join(_other_installed_plugins()))
     dt_core.deactivate()
     dt_core.unregister_plugin("")  # forget the discovery done under the old environment
@@ -48,6 +51,10 @@ def core(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     dt_core.deactivate()
     for name in names:
         dt_core.unregister_plugin(name)
+    monkeypatch.undo()  # the environment first: discovery reads DT_PLUGINS_DISABLE
+    dt_core.unregister_plugin("")
+    if was_active:
+        dt_core.activate()
 
 
 def plugin(**hooks) -> SimpleNamespace:
