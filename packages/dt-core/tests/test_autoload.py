@@ -124,9 +124,10 @@ def test_import_torch_loads_only_what_arming_needs() -> None:
     assert {"dt_core.activation", "dt_sample_plugin.plugin"} <= imported
     assert not imported & set(DEFERRED), sorted(imported & set(DEFERRED))
     assert "sample:active" in lines(result, "STATE")[0].split()
-    # Off: torch loads the entry point's module and nothing else of dt-core.
+    # Off: torch loads the entry point's module and nothing else of dt-core (but the
+    # package's lazy-name helper, a dozen lines of stdlib calls).
     off = lines(run_python(CHECK_IMPORTED, DT_PLUGINS_AUTOLOAD="0"), "DT")[0].split()
-    assert off == ["dt_core", "dt_core.autoload"]
+    assert off == ["dt_core", "dt_core.autoload", "dt_core.lazy"]
 
 
 def test_autoload_off_installs_nothing_until_activate() -> None:
@@ -252,3 +253,13 @@ def test_tested_torch_range_is_accepted(version: str) -> None:
     from dt_core.compat import torch_version
 
     assert torch_version.torch_version_problem(version) is None
+
+
+def test_lazy_public_names_resolve_to_their_modules_and_unknown_ones_raise() -> None:
+    import dt_core
+    import dt_core.activation
+
+    assert dt_core.activate is dt_core.activation.activate
+    assert "activate" in vars(dt_core)  # kept on the package after the first access
+    with pytest.raises(AttributeError, match="module 'dt_core' has no attribute 'nope'"):
+        dt_core.nope  # noqa: B018

@@ -12,8 +12,9 @@ package to reach `dt_core.autoload`, and with autoload off that must cost nothin
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
 
 __version__ = "0.2.0"
 
@@ -63,13 +64,7 @@ _HOME = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'dt_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"dt_core.{home}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _HOME)
 
 
 def __dir__() -> list[str]:

@@ -7,8 +7,9 @@ the resulting all-gathers / reduce-scatters and reorder them for overlap, on any
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dt_core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from dt_fsdp_passes.config import FsdpPassSettings, configure, current_settings
@@ -32,12 +33,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"dt_fsdp_passes.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dt_fsdp_passes' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

@@ -8,8 +8,7 @@ functions that delegate to torch's own symmetric memory for CUDA tensors.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dt_core.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -30,12 +29,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"dt_symm_mem.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dt_symm_mem' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [
