@@ -219,6 +219,8 @@ def test_backward_on_a_2x2_mesh_overlaps_every_exchange() -> None:
     along the last: one for each exchange after the first (which carries the input
     gradient). 2x8: H shards of one row have no interior and go first (the order from
     the shapes); the H slab with W's interior and the two W slabs still fill the three.
+    4x4, 3x3 dilated by 2: no interior anywhere, one 2x2 block per rank that only the
+    gradient exchanges can carry: halved until each of them has a piece.
     """
     from dt_conv import backward_overlap
     from torch.distributed.tensor import Shard
@@ -230,6 +232,7 @@ def test_backward_on_a_2x2_mesh_overlaps_every_exchange() -> None:
         ([Shard(2), Shard(3)], [Shard(3), Shard(2)]), ((8, 8), (2, 8))
     ):
         exact.append((pl, (1, 3, h, w_), *conv))
+    exact.append(([Shard(2), Shard(3)], (1, 3, 4, 4), conv[0], {"padding": 2, "dilation": 2}))
     with recording(backward_overlap, "backward_schedule") as schedules:
         run_cases(mesh, [(pl, x, w, True, kw) for pl, x, w, kw in exact])
     busy = [[exchange for exchange, blocks in s if blocks] for s in schedules]
@@ -239,6 +242,7 @@ def test_backward_on_a_2x2_mesh_overlaps_every_exchange() -> None:
         [("input", 3), ("grad", 3), ("grad", 2)],
         [("input", 2), ("grad", 2), ("grad", 3)],
         [("input", 3), ("grad", 3), ("grad", 2)],
+        [("grad", 3), ("grad", 2)],
     ], busy
     # uneven and one-row shards, strides, dilations, groups, both mesh orders: exact
     cases = []

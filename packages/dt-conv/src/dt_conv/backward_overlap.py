@@ -81,14 +81,15 @@ def backward_schedule(rows: Sequence[Rows]) -> Schedule:
     then the input gradient's halos home in reverse. The first input exchange carries
     the input gradient; each later one, and each gradient exchange but the last, the
     first block whose input halos have arrived (one waits for `t` input exchanges; a
-    gradient exchange starts after all of them); the last takes what is left. Read off
+    gradient exchange starts after all of them); the last takes what is left. Blocks
+    are halved (by output rows) until there is one per exchange where they can be. Read off
     this rank's rows only: where an exchange gets no block, it runs with nothing beside
     it, which changes no exchange, so ranks may differ.
     """
     k = len(rows)
     later = [("input", r.dim) for r in rows[1:]] + [("grad", r.dim) for r in reversed(rows)]
     waited = [*range(1, k), *[k] * k]  # input exchanges waited for before each starts
-    blocks = staged_regions(rows)
+    blocks = _split_to(staged_regions(rows), len(later))
     schedule: Schedule = []
     for n, (exchange, ready) in enumerate(zip(later, waited, strict=True)):
         if n == len(later) - 1:
@@ -98,6 +99,34 @@ def backward_schedule(rows: Sequence[Rows]) -> Schedule:
             blocks = [b for b in blocks if b not in now]
         schedule.append((exchange, [region for _, region in now]))
     return schedule
+
+
+def _split_to(blocks: list[tuple[int, list[Range]]], count: int) -> list[tuple[int, list[Range]]]:
+    """`blocks` with the latest-ready, largest ones halved along their longest dim until
+    there are `count` or none has two rows along any dim; each half is a block of output
+    rows like any other (it reads part of what the whole reads)."""
+
+    def longest(region: list[Range]) -> int:
+        return max(range(len(region)), key=lambda d: region[d][1] - region[d][0])
+
+    def extent(region: list[Range]) -> int:
+        start, stop = region[longest(region)]
+        return stop - start
+
+    blocks = list(blocks)
+    while len(blocks) < count:
+        splittable = [b for b in blocks if extent(b[1]) > 1]
+        if not splittable:
+            break
+        ready, region = max(splittable, key=lambda b: (b[0], extent(b[1])))
+        d = longest(region)
+        (start, stop), at = region[d], blocks.index((ready, region))
+        middle = (start + stop) // 2
+        halves = [
+            [*region[:d], half, *region[d + 1 :]] for half in ((start, middle), (middle, stop))
+        ]
+        blocks[at : at + 1] = [(ready, h) for h in halves]
+    return blocks
 
 
 def staged_gradients(
