@@ -425,7 +425,7 @@ def test_transposed_conv_on_2_ranks() -> None:
 
 @pytest.mark.ranks(4)
 def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
-    from dt_conv import transposed
+    from dt_conv import backward_overlap, transposed
     from torch.distributed.tensor import Shard
 
     # 5 rows on 4 ranks: 2, 2, 1, 0 (an empty shard); 11 rows: 3, 3, 3, 2
@@ -457,8 +457,13 @@ def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
         kw = {"stride": stride, "padding": k - 2, "transposed": True}
         cases.append((pl, (1, 2, h, w_), (2, 3, k, 3), k == 3, kw))
     with counting(transposed, "_interior_first") as taken:
-        run_cases(cpu_mesh((2, 2)), cases)
+        with recording(backward_overlap, "backward_schedule") as schedules:
+            run_cases(cpu_mesh((2, 2)), cases)
     assert sum(taken) >= 20, taken
+    # backward: weight-gradient blocks during every exchange after the first (on this
+    # rank) in most cases
+    busy = [all(blocks for _, blocks in s) for s in schedules]
+    assert len(busy) >= 20 and sum(busy) >= len(busy) // 2, busy
     # three sharded dims (one of them over a mesh dim of size 1: no halo)
     cases = [
         ([Shard(2), Shard(3), Shard(4)], (1, 2, 5, 4, 7), (2, 2, 3, 2, 3), True, {"padding": 1}),

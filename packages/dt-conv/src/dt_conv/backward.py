@@ -27,6 +27,7 @@ from .channels import (
     weight_gradient,
 )
 from .forward import conv_rows, in_exchange_order
+from .geometry import Range
 from .halo import scatter_add_window
 from .interior import output_block
 from .partial_sums import summed
@@ -229,7 +230,7 @@ def _overlapped_gradients(
         gi, (gw, gb) = overlapped_gradients(plan.spatial, xl, input_grad, weight_grads)
         return gi, gw, gb
 
-    def weight_block(piece: torch.Tensor, region: list[tuple[int, int]]) -> torch.Tensor:
+    def weight_block(piece: torch.Tensor, _starts: list[int], region: list[Range]) -> torch.Tensor:
         block = output_block(g, rows, region)
         _, gw, _ = _local_backward(plan, block, piece, w, None, groups, [False, True, False])
         return _wanted(gw)

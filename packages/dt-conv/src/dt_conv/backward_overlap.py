@@ -67,8 +67,9 @@ def overlapped_gradients(
     return grad, weights
 
 
-# (input piece, output rows per sharded dim) -> the weight gradient of those output rows
-WeightBlock = Callable[[torch.Tensor, list[Range]], torch.Tensor]
+# (input piece, global first input row of the piece per sharded dim, output rows per
+# sharded dim) -> the weight gradient of those output rows
+WeightBlock = Callable[[torch.Tensor, list[int], list[Range]], torch.Tensor]
 # (exchange: "input" or "grad", its tensor dim) -> output rows of the weight-gradient
 # blocks computed while it travels
 Schedule = list[tuple[tuple[str, int], list[list[Range]]]]
@@ -147,8 +148,7 @@ def staged_gradients(
 
     def compute(source: torch.Tensor, windowed: int, regions: list[list[Range]]) -> None:
         for region in regions:
-            piece, _ = input_piece(source, rows, region, windowed)
-            part = weight_block(piece, region)
+            part = weight_block(*input_piece(source, rows, region, windowed), region)
             weight[:] = [weight[0] + part] if weight else [part]
 
     pending = PendingWindow(local, rows[0].split, mesh, 0.0)
