@@ -209,6 +209,56 @@ def test_several_sharded_dims_on_a_2x2_mesh() -> None:
     assert sum(taken) >= 20, taken  # interior computed during the exchange on two dims
 
 
+@pytest.mark.ranks(4)
+def test_backward_on_a_2x2_mesh_overlaps_every_exchange() -> None:
+    """Both gradients on two sharded dims: the weight gradient by blocks of output rows,
+    each block during an exchange after its input halos arrived, sums exactly.
+
+    Hand-derived schedules: 8x8 in 4x4 shards, 3x3 'same' conv: each dim's interior is
+    2 rows, so every rank has the all-interior block, halo slabs along the first dim and
+    along the last: one for each exchange after the first (which carries the input
+    gradient). 2x8: H shards of one row have no interior and go first (the order from
+    the shapes); the H slab with W's interior and the two W slabs still fill the three.
+    4x4, 3x3 dilated by 2: no interior anywhere, one 2x2 block per rank that only the
+    gradient exchanges can carry: halved until each of them has a piece.
+    """
+    from dt_conv import backward_overlap
+    from torch.distributed.tensor import Shard
+
+    mesh = cpu_mesh((2, 2))
+    conv = ((2, 3, 3, 3), {"padding": 1})
+    exact: list[tuple] = []
+    for pl, (h, w_) in itertools.product(
+        ([Shard(2), Shard(3)], [Shard(3), Shard(2)]), ((8, 8), (2, 8))
+    ):
+        exact.append((pl, (1, 3, h, w_), *conv))
+    exact.append(([Shard(2), Shard(3)], (1, 3, 4, 4), conv[0], {"padding": 2, "dilation": 2}))
+    with recording(backward_overlap, "backward_schedule") as schedules:
+        run_cases(mesh, [(pl, x, w, True, kw) for pl, x, w, kw in exact])
+    busy = [[exchange for exchange, blocks in s if blocks] for s in schedules]
+    # exchange order: ties keep the mesh order; the thin H first
+    assert busy == [
+        [("input", 3), ("grad", 3), ("grad", 2)],
+        [("input", 3), ("grad", 3), ("grad", 2)],
+        [("input", 2), ("grad", 2), ("grad", 3)],
+        [("input", 3), ("grad", 3), ("grad", 2)],
+        [("grad", 3), ("grad", 2)],
+    ], busy
+    # uneven and one-row shards, strides, dilations, groups, both mesh orders: exact
+    cases = []
+    for pl, (h, w_), k, kw in itertools.product(
+        ([Shard(2), Shard(3)], [Shard(3), Shard(2)]),
+        ((7, 5), (3, 9), (2, 2), (11, 6)),
+        (2, 3),
+        ({"padding": 1}, {"stride": 2, "padding": 1}, {"dilation": 2, "padding": 2}),
+    ):
+        if min(h, w_) + 2 * kw["padding"] > kw.get("dilation", 1) * (k - 1):
+            cases.append((pl, (2, 4, h, w_), (4, 2, k, k), k == 3, {**kw, "groups": 2}))
+    with recording(backward_overlap, "backward_schedule") as schedules:
+        run_cases(mesh, cases)
+    assert len(schedules) >= len(cases) // 2, len(schedules)  # the staged path is common
+
+
 @pytest.mark.ranks(2)
 def test_unsupported_layouts_fall_back_exactly_and_warn_once() -> None:
     import warnings
@@ -375,7 +425,7 @@ def test_transposed_conv_on_2_ranks() -> None:
 
 @pytest.mark.ranks(4)
 def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
-    from dt_conv import transposed
+    from dt_conv import backward_overlap, transposed
     from torch.distributed.tensor import Shard
 
     # 5 rows on 4 ranks: 2, 2, 1, 0 (an empty shard); 11 rows: 3, 3, 3, 2
@@ -407,8 +457,13 @@ def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
         kw = {"stride": stride, "padding": k - 2, "transposed": True}
         cases.append((pl, (1, 2, h, w_), (2, 3, k, 3), k == 3, kw))
     with counting(transposed, "_interior_first") as taken:
-        run_cases(cpu_mesh((2, 2)), cases)
+        with recording(backward_overlap, "backward_schedule") as schedules:
+            run_cases(cpu_mesh((2, 2)), cases)
     assert sum(taken) >= 20, taken
+    # backward: weight-gradient blocks during every exchange after the first (on this
+    # rank) in most cases
+    busy = [all(blocks for _, blocks in s) for s in schedules]
+    assert len(busy) >= 20 and sum(busy) >= len(busy) // 2, busy
     # three sharded dims (one of them over a mesh dim of size 1: no halo)
     cases = [
         ([Shard(2), Shard(3), Shard(4)], (1, 2, 5, 4, 7), (2, 2, 3, 2, 3), True, {"padding": 1}),

@@ -16,7 +16,7 @@ from dt_core.kit import bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from . import ranks
-from .backward_overlap import overlapped_gradients, overlaps_here
+from .backward_overlap import overlapped_gradients, overlaps_here, staged_gradients
 from .channels import (
     ChannelLayout,
     bias_gradient,
@@ -26,7 +26,10 @@ from .channels import (
     local_weight,
     weight_gradient,
 )
+from .forward import conv_rows, in_exchange_order
+from .geometry import Range
 from .halo import scatter_add_window
+from .interior import output_block
 from .partial_sums import summed
 from .plan import ConvPlan, make_plan
 from .same_conv_backward import same_conv_gradients
@@ -59,6 +62,7 @@ def convolution_backward_handler(
     with torch.no_grad():
         if isinstance(plan, str):
             return replicated_fallback("conv", plan, op_call, args, kwargs, like=(x, weight))
+        plan = in_exchange_order(plan)  # the forward's order; every path exchanges in it
         mesh = plan.mesh
         g_placements = grad_output_placements(layout, plan.placements)
         g = grad_out.redistribute(mesh, g_placements).to_local()
@@ -208,7 +212,8 @@ def _overlapped_gradients(
     groups: int,
     mask: list[bool],
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Both gradients wanted: each exchange travels during a computation (`backward_overlap`)."""
+    """Both gradients wanted: each exchange travels during a computation (`backward_overlap`);
+    on several sharded dims the weight gradient is computed by blocks of output rows."""
 
     def input_grad(shape_only: torch.Tensor) -> torch.Tensor:
         gi, _, _ = _local_backward(plan, g, shape_only, w, bias_sizes, groups, [True, False, False])
@@ -220,5 +225,16 @@ def _overlapped_gradients(
         _, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, [False, True, mask[2]])
         return gw, gb
 
-    gi, (gw, gb) = overlapped_gradients(plan.spatial, xl, input_grad, weight_grads)
+    rows = conv_rows(plan) if len(plan.splits) > 1 else None
+    if rows is None:
+        gi, (gw, gb) = overlapped_gradients(plan.spatial, xl, input_grad, weight_grads)
+        return gi, gw, gb
+
+    def weight_block(piece: torch.Tensor, _starts: list[int], region: list[Range]) -> torch.Tensor:
+        block = output_block(g, rows, region)
+        _, gw, _ = _local_backward(plan, block, piece, w, None, groups, [False, True, False])
+        return _wanted(gw)
+
+    gi, gw = staged_gradients(plan.spatial, xl, rows, input_grad, weight_block)
+    gb = g.sum([d for d in range(g.ndim) if d != 1]) if mask[2] else None
     return gi, gw, gb

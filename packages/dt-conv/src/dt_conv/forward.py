@@ -59,7 +59,7 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
     with torch.no_grad():
         if isinstance(plan, str):
             return _fallback(plan, op_call, args, kwargs, x)
-        plan = _in_exchange_order(plan)
+        plan = in_exchange_order(plan)
         w, b = local_weight(layout, weight, x), local_bias(layout, bias, weight, x)
         placements = output_placements(layout, plan.placements)
         groups = local_groups(layout, groups, x)
@@ -147,7 +147,7 @@ def _interior_first(
     travel (`interior.overlapped_forward`). None where this rank has no such block: it
     then exchanges first, which issues the same exchanges in the same order, so every
     rank may decide alone."""
-    rows = _rows(plan) if plan.splits and 0 not in local.shape else None
+    rows = conv_rows(plan) if plan.splits and 0 not in local.shape else None
     if rows is None:
         return None
     shape = local_out_shape(plan, local)
@@ -164,7 +164,7 @@ def _interior(split: DimSplit, chunk: int) -> Range:
     return first, (i1 - reach.extent - reach.offset) // reach.stride + 1
 
 
-def _in_exchange_order(plan: ConvPlan) -> ConvPlan:
+def in_exchange_order(plan: ConvPlan) -> ConvPlan:
     """The plan with its halos exchanged in the order that overlaps most (global)."""
     if len(plan.splits) < 2 or not all(isinstance(s.reach, Affine) for s in plan.splits):
         return plan
@@ -172,7 +172,7 @@ def _in_exchange_order(plan: ConvPlan) -> ConvPlan:
     return replace(plan, spatial=replace(plan.spatial, splits=splits))
 
 
-def _rows(plan: ConvPlan) -> list[Rows] | None:
+def conv_rows(plan: ConvPlan) -> list[Rows] | None:
     """Each sharded dim's rows, or None if this rank owns no output rows."""
     rows = []
     for split in plan.splits:

@@ -113,7 +113,24 @@ def overlapped_stages(rows: Sequence[Rows]) -> list[int]:
     return stages
 
 
-def _piece(
+def staged_regions(rows: Sequence[Rows]) -> list[tuple[int, list[Range]]]:
+    """The blocks of `overlapped_forward` as (input exchanges they wait for, output rows
+    per dim), empty ones left out: they tile this rank's owned output exactly once.
+
+    A block waiting for `t` exchanges reads the window of dims < t and own rows of the
+    others; one waiting for all of them reads only the window rows next to the last
+    dim's sides.
+    """
+    last = len(rows) - 1
+    regions = [(0, [r.interior for r in rows])]
+    for t in range(1, last + 1):
+        done, after = [r.owned for r in rows[: t - 1]], [r.interior for r in rows[t:]]
+        regions += [(t, [*done, side, *after]) for side in rows[t - 1].sides()]
+    regions += [(last + 1, [*(r.owned for r in rows[:last]), s]) for s in rows[last].sides()]
+    return [(t, region) for t, region in regions if all(map(_filled, region))]
+
+
+def input_piece(
     source: torch.Tensor, rows: Sequence[Rows], region: Sequence[Range], windowed: int
 ) -> tuple[torch.Tensor, list[int]]:
     """The input rows `region` reads, from `source` (windows on the first `windowed` dims,
@@ -132,7 +149,7 @@ def _piece(
     return source, starts
 
 
-def _block(out: torch.Tensor, rows: Sequence[Rows], region: Sequence[Range]) -> torch.Tensor:
+def output_block(out: torch.Tensor, rows: Sequence[Rows], region: Sequence[Range]) -> torch.Tensor:
     """The part of this rank's output block holding output rows `region` (one per dim)."""
     for r, (start, stop) in zip(rows, region, strict=True):
         out = out.narrow(r.dim, start - r.owned[0], stop - start)
@@ -157,10 +174,10 @@ def overlapped_forward(
     def put(region: list[Range], value: torch.Tensor) -> None:
         if not out:
             out.append(value.new_empty(out_shape))
-        _block(out[0], rows, region).copy_(value)
+        output_block(out[0], rows, region).copy_(value)
 
     def compute(source: torch.Tensor, region: list[Range], windowed: int) -> None:
-        put(region, block(*_piece(source, rows, region, windowed), region))
+        put(region, block(*input_piece(source, rows, region, windowed), region))
 
     last = len(rows) - 1
     pending = PendingWindow(local, rows[0].split, plan.mesh, 0.0)
@@ -180,6 +197,6 @@ def overlapped_forward(
         lo, hi = r.reads(*side)
         piece = pending.rows(lo - r.window_start, hi - r.window_start)
         region = [q.owned for q in rows[:last]] + [side]
-        trimmed, starts = _piece(piece, rows[:last], region[:last], last)
+        trimmed, starts = input_piece(piece, rows[:last], region[:last], last)
         put(region, block(trimmed, [*starts, lo], region))
     return out[0]  # `stages` is not empty: some block was computed

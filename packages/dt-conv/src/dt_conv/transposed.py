@@ -25,10 +25,10 @@ from dt_core.kit import replicated, reshard_like
 from torch.distributed.tensor import DTensor, Replicate
 
 from . import ranks
-from .backward_overlap import overlapped_gradients, overlaps_here
+from .backward_overlap import overlapped_gradients, overlaps_here, staged_gradients
 from .geometry import DimSplit, Range, Transposed, expand
 from .halo import scatter_add_window
-from .interior import exchange_order, overlapped_forward, rows_of
+from .interior import Rows, exchange_order, output_block, overlapped_forward, rows_of
 from .partial_sums import summed
 from .plan import SpatialPlan, Splitter, plan_spatial
 from .spatial import gather_windows, window_shape
@@ -213,6 +213,17 @@ def _interior_first(
     rank may decide alone.
     """
     sp = plan.spatial
+    rows = _rows(plan, local)
+    if rows is None:
+        return None
+    shape = _owned_shape(plan, local)
+    block = functools.partial(_output_rows, plan, w, b, groups)
+    return overlapped_forward(sp, local, rows, shape, block)
+
+
+def _rows(plan: TransposedPlan, local: torch.Tensor) -> list[Rows] | None:
+    """Each sharded dim's rows; None if this rank holds no input or owns no output."""
+    sp = plan.spatial
     if not sp.splits or 0 in local.shape:
         return None
     rows = []
@@ -222,9 +233,7 @@ def _interior_first(
         if o1 <= o0:
             return None
         rows.append(rows_of(split, rank, _interior(split, rank)))
-    shape = _owned_shape(plan, local)
-    block = functools.partial(_output_rows, plan, w, b, groups)
-    return overlapped_forward(sp, local, rows, shape, block)
+    return rows
 
 
 def _interior(split: DimSplit, chunk: int) -> Range:
@@ -309,6 +318,7 @@ def backward(
     groups: int,
     mask: Sequence[bool],
 ) -> tuple[DTensor | None, torch.Tensor | None, DTensor | None]:
+    plan = plan.with_splits(exchange_order(plan.spatial.splits, _interior))  # as forward
     sp = plan.spatial
     mesh = sp.mesh
     g = grad_out.redistribute(mesh, sp.placements).to_local()
@@ -318,7 +328,14 @@ def backward(
         gi: Any
         gw: Any
         gb: Any  # each a tensor where `mask` asks for it
-        if overlaps_here(sp, xl, g, mask):
+        overlaps = overlaps_here(sp, xl, g, mask)  # a real rank: its own rows are known
+        rows = _rows(plan, xl) if overlaps and len(sp.splits) > 1 else None
+        if rows is not None:
+            block = functools.partial(_weight_rows, plan, g, rows, w, groups)
+            input_grad = functools.partial(_local_gradient, plan, g, w=w, groups=groups, which=0)
+            gi, gw = staged_gradients(sp, xl, rows, input_grad, block)
+            gb = _bias_gradient(g) if mask[2] else None
+        elif overlaps:
             gi, gw = overlapped_gradients(
                 sp,
                 xl,
@@ -342,6 +359,33 @@ def backward(
             full_b = summed(gb, mesh, plan.reduce_mesh_dims)
             grad_bias = as_dtensor(full_b, mesh, [Replicate()] * mesh.ndim, full_b.shape)
     return grad_input, grad_weight, grad_bias
+
+
+def _weight_rows(
+    plan: TransposedPlan,
+    g: torch.Tensor,
+    rows: Sequence[Rows],
+    w: torch.Tensor,
+    groups: int,
+    piece: torch.Tensor,
+    starts: list[int],
+    region: list[Range],
+) -> torch.Tensor:
+    """The weight gradient of output rows `region` (`_output_rows`' adjoint for the
+    weight): their gradient placed in the frame of the piece's local transposed conv,
+    zero elsewhere (rows it does not reach have no tap, nothing to add)."""
+    full = g.new_zeros(_local_out_shape(plan, piece, w, groups))
+    target, grad = full, output_block(g, rows, region)
+    for split, start, (a, c) in zip(plan.spatial.splits, starts, region, strict=True):
+        y0 = start * plan.stride[split.dim - 2] - plan.padding[split.dim - 2]
+        lo, hi = max(a, y0), min(c, y0 + full.shape[split.dim])
+        if hi <= lo or 0 in piece.shape:
+            return w.new_zeros(w.shape)
+        target = target.narrow(split.dim, lo - y0, hi - lo)
+        grad = grad.narrow(split.dim, lo - a, hi - lo)
+    target.copy_(grad)
+    wanted = [False, True, False]
+    return aten.convolution_backward(full, piece, w, None, *plan.local_conv_args(groups), wanted)[1]
 
 
 def _bias_gradient(g: torch.Tensor) -> torch.Tensor:
