@@ -81,6 +81,20 @@ def check(
     return None
 
 
+def same_on_every_rank(max_examples: int) -> Any:
+    """Hypothesis settings for a property every rank runs in step: the same examples in the
+    same order (derandomized, no database), and no shrinking, which would diverge."""
+    from hypothesis import Phase, settings
+
+    return settings(
+        max_examples=max_examples,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+    )
+
+
 def run_cases(mesh: Any, cases: list[tuple]) -> None:
     """Check every case; all of them must take the sharded (non-fallback) path."""
     expect_exact("conv", (functools.partial(check, mesh, *c[:4], **c[4]) for c in cases))
@@ -307,7 +321,7 @@ def test_unsupported_layouts_fall_back_exactly_and_warn_once() -> None:
 
 @pytest.mark.ranks(2)
 def test_random_configurations_property() -> None:
-    from hypothesis import Phase, given, settings
+    from hypothesis import given
     from hypothesis import strategies as st
     from torch.distributed.tensor import Shard
 
@@ -315,9 +329,7 @@ def test_random_configurations_property() -> None:
 
     # the breadth (meshes of 2-8 ranks, 300 examples) runs in one process under
     # LocalTensorMode (test_local_tensor.py); real ranks keep a sample of the same sweep
-    @settings(
-        max_examples=20, derandomize=True, deadline=None, database=None, phases=[Phase.generate]
-    )  # no shrinking: every rank must run the same cases
+    @same_on_every_rank(max_examples=20)
     @given(st.data())
     def prop(data: Any) -> None:
         nspatial = data.draw(st.integers(1, 3))
@@ -598,15 +610,13 @@ def test_grouped_and_depthwise_convs_stay_channel_sharded() -> None:
 @pytest.mark.ranks(4)
 def test_random_configurations_on_4_ranks_and_2x2_mesh_property() -> None:
     """Hypothesis over meshes (1-D of 4, 2x2), placements, padding modes and conv settings."""
-    from hypothesis import Phase, given, settings
+    from hypothesis import given
     from hypothesis import strategies as st
     from torch.distributed.tensor import Replicate, Shard
 
     meshes = {"4": cpu_mesh(4), "2x2": cpu_mesh((2, 2))}
 
-    @settings(
-        max_examples=15, derandomize=True, deadline=None, database=None, phases=[Phase.generate]
-    )  # no shrinking: every rank must run the same cases
+    @same_on_every_rank(max_examples=15)
     @given(st.data())
     def prop(data: Any) -> None:
         mesh = meshes[data.draw(st.sampled_from(sorted(meshes)))]
@@ -648,15 +658,13 @@ def test_random_transposed_convs_on_4_ranks_and_2x2_mesh_property() -> None:
     """Hypothesis over meshes, placements and transposed conv settings: the overlapped
     forward (blocks by stage, thin dims first) and backward stay exact."""
     from dt_conv import transposed
-    from hypothesis import Phase, given, settings
+    from hypothesis import given
     from hypothesis import strategies as st
     from torch.distributed.tensor import Replicate, Shard
 
     meshes = {"4": cpu_mesh(4), "2x2": cpu_mesh((2, 2))}
 
-    @settings(
-        max_examples=12, derandomize=True, deadline=None, database=None, phases=[Phase.generate]
-    )  # no shrinking: every rank must run the same cases
+    @same_on_every_rank(max_examples=12)
     @given(st.data())
     def prop(data: Any) -> None:
         mesh = meshes[data.draw(st.sampled_from(sorted(meshes)))]
