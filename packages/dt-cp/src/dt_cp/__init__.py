@@ -8,35 +8,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dt_core.lazy import lazy_exports
+
 if TYPE_CHECKING:
     from .config import ALGORITHMS, LOAD_BALANCERS, Settings, configure, current, reset, settings
+    from .flex import create_block_mask, flex_attention
+    from .flex_hop import install_flex_rule, remove_flex_rule
+    from .sharding import shard_sequence, unshard_sequence
 
 __version__ = "0.1.0"
 
-_CONFIG_NAMES = ("ALGORITHMS", "LOAD_BALANCERS", "Settings", "configure", "current", "reset")
+# Everything loads on first use: `import torch` imports `dt_cp.plugin`, and so this
+# package; the settings load only when asked for (the plugin's DT_SETTINGS), the heavy
+# (torch.distributed.tensor) parts on the first attention call.
+_LAZY = {
+    **dict.fromkeys(
+        ("ALGORITHMS", "LOAD_BALANCERS", "Settings", "configure", "current", "reset", "settings"),
+        "config",
+    ),
+    **dict.fromkeys(("shard_sequence", "unshard_sequence"), "sharding"),
+    **dict.fromkeys(("install_flex_rule", "remove_flex_rule"), "flex_hop"),
+    **dict.fromkeys(("flex_attention", "create_block_mask"), "flex"),
+}
 
-
-def __getattr__(name: str) -> object:
-    # Everything loads on first use: `import torch` imports `dt_cp.plugin`, and so this
-    # package; the settings load with it only when asked for (the plugin's DT_SETTINGS),
-    # the heavy (torch.distributed.tensor) parts on the first attention call.
-    if name in (*_CONFIG_NAMES, "settings"):
-        from . import config
-
-        return getattr(config, name)
-    if name in ("shard_sequence", "unshard_sequence"):
-        from . import sharding
-
-        return getattr(sharding, name)
-    if name in ("install_flex_rule", "remove_flex_rule"):
-        from . import flex_hop
-
-        return getattr(flex_hop, name)
-    if name in ("flex_attention", "create_block_mask"):
-        from . import flex
-
-        return getattr(flex, name)
-    raise AttributeError(name)
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [
