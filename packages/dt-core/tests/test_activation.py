@@ -61,12 +61,20 @@ def plugin(**hooks) -> SimpleNamespace:
     return SimpleNamespace(**{name: dt_core.hookimpl(fn) for name, fn in hooks.items()})
 
 
+def _propagator_tables() -> dict[str, dict]:
+    """Every op-keyed table of torch's sharding propagator (2.14 adds single-dim ones)."""
+    propagator = torch.distributed.tensor.DTensor._op_dispatcher.sharding_propagator
+    return {
+        name: table
+        for name, table in vars(propagator).items()
+        if isinstance(table, dict) and name.startswith("op_")
+    }
+
+
 def test_deactivate_restores_torchs_own_handlers_as_the_same_objects(core) -> None:
     table = dispatch.op_handler_table()
     before = dict(table)
-    propagator_funcs = dict(
-        torch.distributed.tensor.DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
-    )
+    tables_before = {name: dict(t) for name, t in _propagator_tables().items()}
     dt_core.register_plugin(
         plugin(
             dt_op_handlers=lambda: [dt_core.OpHandler(CONV, _handler)],
@@ -81,10 +89,16 @@ def test_deactivate_restores_torchs_own_handlers_as_the_same_objects(core) -> No
     assert table[CONV] is _handler
     funcs = torch.distributed.tensor.DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
     assert funcs[torch.ops.aten.mm.default] is _strategy
+    # nothing of torch's may shadow it (torch 2.14 looks up single-dim strategies first)
+    for name, live in _propagator_tables().items():
+        if "single_dim" in name:
+            assert torch.ops.aten.mm.default not in live, name
     dt_core.deactivate()
     assert table.keys() == before.keys()
     assert all(table[op] is before[op] for op in before)  # identical objects, torch's own
-    assert funcs[torch.ops.aten.mm.default] is propagator_funcs[torch.ops.aten.mm.default]
+    for name, live in _propagator_tables().items():
+        assert live.keys() == tables_before[name].keys(), name
+        assert all(live[op] is tables_before[name][op] for op in live), name
 
 
 def test_plugin_state_transitions_and_info(core) -> None:

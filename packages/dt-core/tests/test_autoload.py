@@ -100,10 +100,10 @@ def test_import_torch_arms_plugins_lazily_and_dtensor_import_installs_them() -> 
 # they reach, the pass cache keys, the kit, the listing. Each was once imported by
 # `import torch` (the plugin table built at autoload called every hook).
 DEFERRED = (
-    "dt_core.compat.attention",
     "dt_core.compat.dispatch",
     "dt_core.compat.hop_rules",
     "dt_core.compat.inductor_passes",
+    "dt_core.compat.placements",
     "dt_core.compat.sharding_rules",
     "dt_core.graph_passes",
     "dt_core.kit",
@@ -223,7 +223,7 @@ def test_cli_list_json_and_check(tmp_path: Path) -> None:
     assert sample["pass_settings"] == {"sample:count_nodes": {"mode": "count"}}
     patch = "patch torch.distributed.tensor.DTensor.__repr__"
     assert sample["patches"] == [patch]
-    assert sample["patch_details"] == {patch: {"torch": ">=2.13,<2.14"}}
+    assert sample["patch_details"] == {patch: {"torch": ">=2.13,<2.15"}}
     assert sample["api"] == ">=1.1,<2"
 
     table = run_python("from dt_core.cli import main; main(['list'])")
@@ -238,7 +238,7 @@ def test_cli_list_json_and_check(tmp_path: Path) -> None:
     assert "the broken plugin cannot import its kernels" in failed.stdout
 
 
-@pytest.mark.parametrize("version", ["2.12.1", "2.14.0", "3.0.0"])
+@pytest.mark.parametrize("version", ["2.12.1", "2.15.0", "2.15.0a0+git1", "3.0.0"])
 def test_untested_torch_is_refused_with_the_range(version: str) -> None:
     from dt_core.compat import torch_version
 
@@ -248,7 +248,46 @@ def test_untested_torch_is_refused_with_the_range(version: str) -> None:
     assert torch_version.ALLOW_UNTESTED_ENV in problem
 
 
-@pytest.mark.parametrize("version", ["2.13.0", "2.13.0+cpu", "2.13.1", "2.13.0a0+git123"])
+# A torch release outside the tested range, as a user with a newer torch would meet it:
+# dt-core is told the version before `import torch` runs its autoload.
+UNTESTED_TORCH = """
+import sys, warnings
+warnings.simplefilter("always")
+import dt_core.compat.torch_version as torch_version
+torch_version.torch_version = lambda: "{version}"
+with warnings.catch_warnings(record=True) as caught:
+    import torch
+    import torch.distributed.tensor
+    x = torch.ones(2) + 1  # torch itself works
+    import dt_core
+    states = {{p.name: p.state for p in dt_core.plugins()}}
+ours = [str(w.message) for w in caught if "dt-core" in str(w.message)]
+print("WARNINGS", len(ours))
+print("TEXT", ours[0] if ours else "")
+print("STATES", states)
+print("TORCH_WORKS", x.tolist())
+from dt_core.cli import main
+print("CHECK_EXIT", main(["check"]))
+"""
+
+
+@pytest.mark.parametrize("version", ["2.12.1", "2.15.0"])
+def test_untested_torch_warns_once_leaves_torch_working_and_fails_check(version: str) -> None:
+    result = run_python(UNTESTED_TORCH.format(version=version))
+    assert lines(result, "WARNINGS") == ["1"]
+    (text,) = lines(result, "TEXT")
+    assert f"torch {version}" in text and ">=2.13.0,<2.15.0" in text
+    assert "DT_PLUGINS_ALLOW_UNTESTED_TORCH=1" in text and "sample" in text
+    (states,) = lines(result, "STATES")
+    assert "'sample': 'failed'" in states and "active" not in states
+    assert lines(result, "TORCH_WORKS") == ["[2.0, 2.0]"]
+    assert lines(result, "CHECK_EXIT") == ["1"]
+    assert f"problem: torch {version} is outside" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "version", ["2.13.0", "2.13.0+cpu", "2.13.1", "2.13.0a0+git123", "2.14.1+cu130", "2.14.2"]
+)
 def test_tested_torch_range_is_accepted(version: str) -> None:
     from dt_core.compat import torch_version
 

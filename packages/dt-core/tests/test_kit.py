@@ -214,7 +214,7 @@ def test_reshard_like_keeps_strided_shards_plain_tensors_and_fitting_shards() ->
     """Each layout `reshard_like` gives a full value holds exactly that value's rows, as
     read off the value on one process (rank r of 2 owns chunk r of each split)."""
     import torch.distributed as dist
-    from dt_core.compat.fsdp import strided_shard
+    from dt_core.compat.placements import strided_shard
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     mesh, rank = cpu_mesh(2), dist.get_rank()

@@ -29,7 +29,7 @@ def dense(q, k, v, score_mod, mask_mod):
 @pytest.mark.ranks(2)
 def test_torch_flex_attention_on_dtensors() -> None:
     import dt_cp
-    from dt_core.compat.attention import flex_attention_hops
+    from dt_cp.compat.attention import flex_attention_hops
     from torch.nn.attention.flex_attention import flex_attention
 
     mesh = cpu_mesh(2)
@@ -83,7 +83,7 @@ def test_torch_flex_attention_on_dtensors() -> None:
 def test_deprecated_install_flex_rule_still_works_and_is_undone() -> None:
     import dt_cp
     import torch.nn.attention.flex_attention as front_end
-    from dt_core.compat.attention import flex_attention_hops
+    from dt_cp.compat.attention import flex_attention_hops
     from dt_cp.flex_hop import hop_forward
     from torch.distributed.tensor import DTensor
 

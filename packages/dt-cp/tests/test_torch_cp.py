@@ -227,7 +227,7 @@ def dt_cp_mode_after_torch_cp(mesh) -> str | None:
     """dt-cp's own DTensors keep working with torch's globals at their defaults
     (`enable_load_balance` True, dispatcher off)."""
     from cp_cases import compare, sdpa
-    from dt_core.compat.context_parallel import torch_cp_state
+    from dt_cp.compat.context_parallel import torch_cp_state
 
     state = torch_cp_state()
     assert state is not None and state.load_balance and not state.dispatcher_enabled

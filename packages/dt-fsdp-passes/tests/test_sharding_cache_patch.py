@@ -1,6 +1,6 @@
 """The plugin's patch: every torch.compile starts with DTensor's C++ sharding cache empty.
 
-Why (see dt_core.compat.fsdp.fresh_sharding_cache_per_compile_patch): entries made by
+Why (see dt_fsdp_passes.compat.fresh_sharding_cache_per_compile_patch): entries made by
 earlier runs carry other, equal mesh objects into traces, and AOTAutograd's partitioner
 then fails. The multi-rank sequence that failed is in tests/test_fsdp_stack.py
 (eager, then Inductor, then aot_eager in one process); this checks the mechanism.

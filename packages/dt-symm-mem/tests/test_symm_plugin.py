@@ -76,7 +76,7 @@ def _bind(op_name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Bind a recorded call to torch's registered schema of symm_mem::<op_name>, failing
     on a wrong count, an unknown keyword, a keyword-only argument passed positionally or
     a missing required argument: the call's argument order is torch's."""
-    from dt_core.compat.symm_mem import op_arguments
+    from dt_symm_mem.compat import op_arguments
 
     spec = op_arguments(op_name)
     positional = [name for name, kw_only, _ in spec if not kw_only]

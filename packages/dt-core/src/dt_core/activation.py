@@ -166,8 +166,13 @@ class Activation:
         if problem and not untested_torch_allowed():
             if not lazy:
                 raise UnsupportedTorchError(problem)
-            for record in self.registry.usable():
-                self.registry.fail(record, problem)
+            names = self.registry.fail_all_quietly(problem)
+            if names:  # one warning for all plugins: the cause is torch, not any of them
+                warnings.warn(
+                    f"dt-core: {problem} (plugins left inactive: {', '.join(names)})",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return
         self._raise_conflicts = not lazy
         self._active = True

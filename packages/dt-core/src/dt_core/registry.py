@@ -79,6 +79,16 @@ class PluginRegistry:
     def fail(self, record: PluginRecord, reason: str) -> None:
         self.mark_unusable(record, "failed", reason)
 
+    def fail_all_quietly(self, reason: str) -> list[str]:
+        """Mark every usable plugin failed for one shared `reason` (nothing of theirs is
+        installed yet) without a warning each; return their names for the caller's one
+        warning."""
+        names = []
+        for record in self.usable():
+            record.state, record.reason, record.warned = "failed", reason, True
+            names.append(record.name)
+        return names
+
     def discover(self) -> pluggy.PluginManager:
         """Find plugins (entry points and in-process ones) and import them, once."""
         with self._lock:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from dt_core.compat.attention import resolve_process_group
+from dt_core.compat.process_groups import resolve_process_group
 
 
 def group_of(name: str) -> dist.ProcessGroup:

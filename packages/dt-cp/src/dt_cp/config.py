@@ -94,7 +94,7 @@ def _changes(changes: Changes) -> dict[str, object]:
 
 
 def _balancer_indices(balancer: object) -> object:
-    from dt_core.compat.context_parallel import balancer_indices, is_torch_load_balancer
+    from dt_cp.compat.context_parallel import balancer_indices, is_torch_load_balancer
 
     if not is_torch_load_balancer(balancer):
         raise TypeError(

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from dt_core.compat import attention
 from dt_core.dtensors import as_dtensor
 from torch.distributed.tensor import DTensor
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import KV, AttentionSpec, Saved
+from .compat import attention
 from .config import settings
 from .plan import batch_head_offsets, make_plan
 from .sparsity import BlockVisibility
@@ -192,7 +192,7 @@ def hop_backward(
 def install_flex_rule() -> None:
     """Deprecated: the plugin installs these rules itself. Still installs them (e.g. with
     autoload off); `remove_flex_rule()` puts back whatever was registered before."""
-    from dt_core.compat.attention import (
+    from dt_cp.compat.attention import (
         defer_flex_cpu_backward_check,
         flex_attention_hops,
         install_hop_subclass_impl,
@@ -214,7 +214,7 @@ def install_flex_rule() -> None:
 
 def remove_flex_rule() -> None:
     """Deprecated with `install_flex_rule`, which it undoes."""
-    from dt_core.compat.attention import (
+    from dt_cp.compat.attention import (
         flex_attention_hops,
         remove_hop_subclass_impl,
         restore_flex_cpu_backward_check,

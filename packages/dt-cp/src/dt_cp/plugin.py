@@ -71,7 +71,7 @@ def dt_op_handlers() -> list[OpHandler]:
 @hookimpl
 def dt_hop_rules() -> list[HopRule]:
     """torch's flex_attention (forward and backward operators) on sequence-sharded DTensors."""
-    from dt_core.compat.attention import flex_attention_hops
+    from dt_cp.compat.attention import flex_attention_hops
 
     forward, backward = flex_attention_hops()
     return [HopRule(forward, _flex_forward), HopRule(backward, _flex_backward)]
@@ -82,6 +82,6 @@ def dt_patches() -> list[Patch]:
     """torch's flex front end refuses CPU inputs that need gradients before any dispatch;
     the patch (inert unless flex_attention_backward has a DTensor rule, ours from
     `dt_hop_rules`) lets sequence-sharded DTensors through to the rules."""
-    from dt_core.compat.attention import flex_cpu_backward_check_patch
+    from dt_cp.compat.attention import flex_cpu_backward_check_patch
 
     return [flex_cpu_backward_check_patch()]

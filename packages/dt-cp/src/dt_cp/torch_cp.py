@@ -2,7 +2,7 @@
 
 torch's `context_parallel()` and `_context_parallel_shard()` permute a sequence (head-tail
 load balancing) before sharding it and keep that fact in globals only (see
-`dt_core.compat.context_parallel`). While torch's CP dispatcher is on, the `Shard(2)`
+`dt_cp.compat.context_parallel`). While torch's CP dispatcher is on, the `Shard(2)`
 DTensors reaching attention are in torch's layout; dt-cp reads which one and runs its
 position-aware algorithms on it. Where torch's state does not determine the layout,
 attention refuses with an error that says what to do, on every rank, before any exchange.
@@ -14,13 +14,13 @@ import datetime
 import functools
 
 import torch
-from dt_core.compat.context_parallel import (
+
+from .compat.context_parallel import (
     TorchCpState,
     balancer_world_size,
     default_balancer_indices,
     torch_cp_state,
 )
-
 from .config import Settings
 from .layout import SequenceLayout, from_permutation
 

@@ -157,7 +157,7 @@ def run_stack_stage(small: bool = True) -> dict:
         (torch.randn(world // 2, seq, dim), torch.randn(world // 2, seq, dim)) for _ in range(steps)
     ]
     mesh = init_device_mesh(device.type, (world // 4, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
-    from dt_core.compat.fsdp import flatten_mesh
+    from dt_fsdp_passes.compat import flatten_mesh
 
     fsdp_mesh = flatten_mesh(mesh["dp", "cp"], "dp_cp_demo_stack")
     torch.compiler.reset()

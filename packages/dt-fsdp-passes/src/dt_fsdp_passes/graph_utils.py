@@ -69,7 +69,7 @@ def set_fake_val(node: fx.Node, fake_mode: Any) -> None:
 
 
 def fake_mode_of(graph: fx.Graph) -> Any:
-    from dt_core.compat.fsdp import fake_mode_for
+    from dt_fsdp_passes.compat import fake_mode_for
 
     return fake_mode_for(val(n) for n in graph.nodes if isinstance(val(n), torch.Tensor))
 

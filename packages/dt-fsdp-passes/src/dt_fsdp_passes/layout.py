@@ -62,7 +62,7 @@ def _describe(name: str, param: Any, mesh: Any) -> str:
 
 def _own_dim0_split(name: str, placements: tuple[Any, ...], mesh: Any, param: Any) -> int:
     """How many pieces the parameter's own placements cut tensor dim 0 into."""
-    from dt_core.compat.fsdp import is_strided_shard
+    from dt_core.compat.placements import is_strided_shard
     from torch.distributed.tensor import Partial, Shard
 
     split = 1
@@ -105,7 +105,7 @@ def shard_parameter(name: str, param: nn.Parameter, mesh: Any) -> tuple[nn.Param
 def _with_hsdp_meshes(layout: ParamLayout, mesh: Any) -> ParamLayout:
     from dataclasses import replace
 
-    from dt_core.compat.fsdp import concatenate_meshes
+    from dt_fsdp_passes.compat import concatenate_meshes
 
     names = mesh.mesh_dim_names
     if names is None:
@@ -116,8 +116,10 @@ def _with_hsdp_meshes(layout: ParamLayout, mesh: Any) -> ParamLayout:
 
 
 def _shard_dtensor(name: str, value: Any, mesh: Any, fsdp: list[Any]) -> tuple[Any, ParamLayout]:
-    from dt_core.compat.fsdp import concatenate_meshes, same_rank_map, strided_shard
+    from dt_core.compat.placements import strided_shard
     from torch.distributed.tensor import distribute_tensor
+
+    from dt_fsdp_passes.compat import concatenate_meshes, same_rank_map
 
     own_mesh = value.device_mesh
     own = tuple(value.placements)

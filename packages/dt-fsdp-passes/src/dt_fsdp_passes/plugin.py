@@ -61,6 +61,6 @@ def dt_patches() -> list[Patch]:
     earlier eager runs carry other (equal) mesh objects, which break AOTAutograd's
     partitioning of FSDP x TP graphs ("tangents_N was invalid, but is output"; see
     `fresh_sharding_cache_per_compile_patch`)."""
-    from dt_core.compat.fsdp import fresh_sharding_cache_per_compile_patch
+    from dt_fsdp_passes.compat import fresh_sharding_cache_per_compile_patch
 
     return [fresh_sharding_cache_per_compile_patch()]

@@ -13,7 +13,8 @@ import math
 from typing import Any
 
 import torch
-from dt_core.compat import symm_mem as compat
+
+from dt_symm_mem import compat
 
 
 def _group_name(group: Any) -> str:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from dt_core.compat import symm_mem as compat
 
+from dt_symm_mem import compat
 from dt_symm_mem.settings import settings
 
 

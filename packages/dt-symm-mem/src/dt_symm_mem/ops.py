@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from dt_core.compat import symm_mem as compat
 from dt_core.kit import Counters
 
+from dt_symm_mem import compat
 from dt_symm_mem.algorithms import all_gather_consume, all_gather_into, produce_all_to_all
 
 REDUCE_OPS = ("sum", "avg")

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from dt_core.compat import symm_mem as compat
 from dt_core.kit import bind_arguments
 
-from dt_symm_mem import ops
+from dt_symm_mem import compat, ops
 
 
 def _world(group_name: str) -> int:

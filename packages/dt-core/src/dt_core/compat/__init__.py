@@ -1,27 +1,25 @@
-"""The one place dt-core and the plugins touch private torch APIs, one module per torch area.
+"""dt-core's private torch areas, and the shared checks every package's compat modules use.
 
-A torch upgrade means reviewing these modules only. Each states the torch releases it was
-checked against (`CHECKED_WITH_TORCH`) and calls the shared `ensure_supported_torch()`
-before its first private access; activation checks the package-wide range first.
+Private torch APIs are touched only in compat modules. Each package owns the areas only it
+uses (`dt_cp.compat`, `dt_symm_mem.compat`, `dt_fsdp_passes.compat`), so a torch change
+there needs that package's release only; the areas the core itself or several plugins use
+are here. Every compat module states the torch releases it was checked with
+(`CHECKED_WITH_TORCH`), calls the shared `ensure_supported_torch()` before its first
+private access, and branches on what torch has (`torch_has`), not on version numbers.
 
 Areas:
-    torch_version     the shared version check (TESTED_TORCH_RANGE, ALLOW_UNTESTED_ENV)
+    torch_version     the shared checks: TESTED_TORCH_RANGE, ALLOW_UNTESTED_ENV,
+                      ensure_supported_torch, torch_has (feature detection)
     dispatch          DTensor's op-handler table and sharding caches
     sharding_rules    DTensor's sharding propagator (strategies, rules, placements)
+    placements        placement types torch keeps private (_StridedShard)
     hop_rules         higher-order operators' tensor-subclass rules
     library           torch.library registrations and torch's Python-defined op namespaces
     inductor_passes   Inductor's post-grad custom pass lists
     process_groups    process groups by registered name (custom ops take groups by name)
-    attention         flex_attention (dt-cp)
-    context_parallel  torch's own context-parallel state and load balancers (dt-cp)
     local_tensor      LocalTensorMode's rules for ops that talk to peers
     tracing           telling tracing from eager work; functional collectives, node order
-    symm_mem          symmetric memory and micro-pipeline TP matchers (dt-symm-mem)
-    fsdp              DeviceMesh / placement internals and the fake mode of FSDP graphs
     compile_introspection  Inductor's generated code, compile counters and caches (tests)
-
-No plugin imports `torch.distributed.tensor._*`, `torch._inductor.*` or other private
-torch modules itself.
 """
 
 from __future__ import annotations
@@ -31,7 +29,9 @@ from typing import Any
 from .torch_version import (
     ALLOW_UNTESTED_ENV,
     TESTED_TORCH_RANGE,
+    TESTED_TORCH_SPEC,
     ensure_supported_torch,
+    torch_has,
     torch_version_problem,
 )
 
@@ -42,6 +42,8 @@ __all__ = [
     "ALLOW_UNTESTED_ENV",
     "MISSING",
     "TESTED_TORCH_RANGE",
+    "TESTED_TORCH_SPEC",
     "ensure_supported_torch",
+    "torch_has",
     "torch_version_problem",
 ]

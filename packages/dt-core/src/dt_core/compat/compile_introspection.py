@@ -2,7 +2,7 @@
 counters and the compile caches. Tests and benchmarks use it (through
 `dt_core.testing.compiled`); no plugin's runtime path does.
 
-Checked against torch 2.13.x (`CHECKED_WITH_TORCH`); every function passes it to the
+Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`); every function passes it to the
 shared version check before its first private access.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from . import ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
 
 # The counter groups that say whether a compile was served from a cache.
 _COUNTER_GROUPS = ("inductor", "aot_autograd")

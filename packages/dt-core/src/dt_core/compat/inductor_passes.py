@@ -4,7 +4,7 @@ dt-core keeps its passes (sorted by a key the caller gives) apart from the user'
 guards the config so a later `config.post_grad_custom_post_pass = my_pass` keeps them;
 taking the last one out gives back the user's very object and the unguarded config.
 
-Checked against torch 2.13.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from ..contributions import PassStage
 from . import ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
 
 STAGE_SETTINGS: dict[str, str] = {
     "post_grad_pre": "post_grad_custom_pre_pass",

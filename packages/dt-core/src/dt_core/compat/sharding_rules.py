@@ -1,7 +1,7 @@
 """DTensor's sharding propagator: registering strategies and rules, and putting back
 what was registered before; placements-style functions expanded over the mesh.
 
-Checked against torch 2.13.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..contributions import ShardingStrategy
 from . import MISSING, ensure_supported_torch
 from .dispatch import op_dispatcher
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
 _lock = threading.RLock()
 
 
@@ -25,22 +25,40 @@ def strategy_tables(kind: str) -> tuple[dict[Any, Any], dict[Any, Any]]:
     return funcs, propagator.op_to_schema_info
 
 
-def swap_sharding_strategy(strategy: ShardingStrategy) -> tuple[Any, Any]:
-    """Register a strategy/rule; return (previous func, previous schema info) to restore."""
+def _shadowing_tables() -> list[dict[Any, Any]]:
+    """Tables whose entry for an op wins over `op_strategy_funcs` and `op_to_rules`.
+
+    torch registers more ops with each release (mm among them) as single-dim strategies,
+    looked up before the full strategies: a strategy registered in `op_strategy_funcs`
+    alone would be ignored while one of these stays. Found by attribute (feature
+    detection), so a release without these tables needs no branch on its version.
+    """
+    propagator = op_dispatcher().sharding_propagator
+    names = ("op_single_dim_strategy_funcs", "op_to_schema_info_for_single_dim_strategy")
+    return [getattr(propagator, name) for name in names if hasattr(propagator, name)]
+
+
+def swap_sharding_strategy(strategy: ShardingStrategy) -> tuple[Any, ...]:
+    """Register a strategy/rule; return what it replaced (funcs, schema info, then each
+    shadowing table's entry, which is taken out meanwhile) for `restore_sharding_strategy`."""
     with _lock:
         funcs, schema_infos = strategy_tables(strategy.kind)
-        previous = (funcs.get(strategy.op, MISSING), schema_infos.get(strategy.op, MISSING))
+        shadowing = _shadowing_tables()
+        tables = (funcs, schema_infos, *shadowing)
+        previous = tuple(table.get(strategy.op, MISSING) for table in tables)
         funcs[strategy.op] = strategy.func
         if strategy.schema_info is not None:
             schema_infos[strategy.op] = strategy.schema_info
+        for table in shadowing:
+            table.pop(strategy.op, None)
         return previous
 
 
-def restore_sharding_strategy(op: Any, kind: str, previous: tuple[Any, Any]) -> None:
+def restore_sharding_strategy(op: Any, kind: str, previous: tuple[Any, ...]) -> None:
     """Undo `swap_sharding_strategy` with the value it returned."""
     with _lock:
-        funcs, schema_infos = strategy_tables(kind)
-        for table, value in zip((funcs, schema_infos), previous, strict=True):
+        tables = (*strategy_tables(kind), *_shadowing_tables())
+        for table, value in zip(tables, previous, strict=True):
             if value is MISSING:
                 table.pop(op, None)
             else:

@@ -96,7 +96,7 @@ def _takes(full: torch.Tensor, placement: object) -> bool:
     """Whether a full tensor can be laid out with `placement` by splitting it locally."""
     from torch.distributed.tensor import Replicate, Shard
 
-    from ..compat.fsdp import is_strided_shard
+    from ..compat.placements import is_strided_shard
 
     if isinstance(placement, Replicate):
         return True

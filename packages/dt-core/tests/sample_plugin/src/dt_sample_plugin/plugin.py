@@ -82,4 +82,4 @@ def _counting_repr(original: Any) -> Any:
 def dt_patches() -> list[Patch]:
     # Named, not imported: listing the plugin must not import DTensor.
     target = "torch.distributed.tensor:DTensor"
-    return [Patch(target, "__repr__", _counting_repr, ">=2.13,<2.14", wrap_original=True)]
+    return [Patch(target, "__repr__", _counting_repr, ">=2.13,<2.15", wrap_original=True)]

@@ -1,7 +1,7 @@
-"""Private torch APIs the context-parallel attention plugin (dt-cp) needs.
+"""Private torch APIs of flex_attention that dt-cp needs (dt-cp's own compat area).
 
 Plain functions only; each checks the torch range before its first private access.
-Checked against torch 2.13.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..contributions import Patch
-from . import ensure_supported_torch
-from .process_groups import resolve_process_group  # noqa: F401 - dt-cp imports it from here
+from dt_core.compat import ensure_supported_torch
+from dt_core.contributions import Patch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
 _patch_lock = threading.Lock()
 
 
@@ -97,7 +96,7 @@ def flex_cpu_backward_check_patch() -> Patch:
         "torch.nn.attention.flex_attention",  # imported when dt-core installs the patch
         "_validate_device",
         _deferring_cpu_backward_check,
-        torch_versions=">=2.13.0,<2.14",
+        torch_versions=CHECKED_WITH_TORCH,
         wrap_original=True,
     )
 

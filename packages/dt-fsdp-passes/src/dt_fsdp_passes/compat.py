@@ -1,10 +1,11 @@
-"""Private torch APIs the FSDP front end and its passes run on (dt-fsdp-passes); checked
-against torch 2.13.x (`CHECKED_WITH_TORCH`, passed to the shared version check).
+"""Private torch APIs the FSDP front end and its passes run on (dt-fsdp-passes' own compat
+area); checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`, passed to dt-core's
+shared version check). `_StridedShard` is dt-core's area (`dt_core.compat.placements`):
+dt-core's fallback reads it too.
 
 Interface:
     fake_mode_for(values) -> FakeTensorMode | None   (the fake mode of a post-grad graph)
     same_rank_map(a, b), concatenate_meshes([m, ...]) (n-D meshes for DTensor parameters)
-    strided_shard(dim, split_factor), is_strided_shard(p)  (FSDP over a TP-sharded dim)
     flatten_mesh(mesh, name)                         (one dim from several: dp x cp)
     fresh_sharding_cache_per_compile_patch() -> Patch (torch's DTensor cache vs. tracing)
 """
@@ -14,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..contributions import Patch
-from . import ensure_supported_torch
+from dt_core.compat import ensure_supported_torch
+from dt_core.contributions import Patch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
 
 
 def fake_mode_for(values: Iterable[Any]) -> Any:
@@ -51,22 +52,6 @@ def concatenate_meshes(meshes: list[Any]) -> Any:
         return DeviceMesh._concatenate(list(meshes))
     except RuntimeError as exc:
         raise ValueError(str(exc)) from exc
-
-
-def strided_shard(dim: int, split_factor: int) -> Any:
-    """A Shard(dim) placement applied before the later mesh dims' shards of the same tensor
-    dim (torch's `_StridedShard`): FSDP's layout over a TP-sharded dim, as FSDP2 stores it."""
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    return _StridedShard(dim, split_factor=split_factor)
-
-
-def is_strided_shard(placement: Any) -> bool:
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    from torch.distributed.tensor.placement_types import _StridedShard
-
-    return isinstance(placement, _StridedShard)
 
 
 def flatten_mesh(mesh: Any, name: str) -> Any:

@@ -7,7 +7,8 @@ before sharding them and records the permutation only in module globals of
 DTensor made there looks like any other. A DTensor handler that must know which global
 positions a rank holds reads that state here, and only here.
 
-Checked against torch 2.13.x (`CHECKED_WITH_TORCH`, passed to the shared version check):
+Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`, passed to dt-core's shared
+version check):
   - `_cp_options.enable_load_balance` (bool): `context_parallel()` sets it to whether it
     balanced (head-tail, only when S % (2·P) == 0) for the duration of its block and
     restores it after; `_context_parallel_shard(load_balancer=...)` sets it to whether a
@@ -31,9 +32,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from . import ensure_supported_torch
+from dt_core.compat import ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
 _ATTENTION_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
 _BALANCER_MODULE = "torch.distributed.tensor.experimental._context_parallel._load_balancer"
 

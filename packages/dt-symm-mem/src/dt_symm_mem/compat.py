@@ -1,5 +1,6 @@
-"""Private torch APIs that dt-symm-mem needs (area module of `dt_core.compat`), checked
-against torch 2.13.x (`CHECKED_WITH_TORCH`).
+"""Private torch APIs that dt-symm-mem needs: symmetric memory and the micro-pipeline TP
+matchers (dt-symm-mem's own compat area, on dt-core's shared version check). Checked
+against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
 
 Interface (plain functions):
     resolve_process_group(group_name) -> ProcessGroup
@@ -22,10 +23,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from . import ensure_supported_torch
-from .process_groups import resolve_process_group  # noqa: F401 - dt-symm-mem imports it here
+from dt_core.compat import ensure_supported_torch
+from dt_core.compat.process_groups import resolve_process_group  # noqa: F401 - part of this area's interface
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.14"
+CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
 
 
 def group_name_of(group: Any) -> str:
