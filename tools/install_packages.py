@@ -2,7 +2,9 @@
 
     python tools/install_packages.py [--wheels] [all | NAME | PATH ...]
 
-Hatch scripts call this before running anything: `python tools/install_packages.py
+torch is pinned to the release the environment already holds (tools/constraints.txt when it
+holds none): installing our packages never changes torch. Hatch scripts call this before
+running anything: `python tools/install_packages.py
 --wheels dt-core dt-conv` installs exactly those packages, so each environment proves that
 a plugin installs and works with dt-core alone. Test-only distributions are named by path.
 
@@ -84,6 +86,19 @@ def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True)
 
 
+def torch_constraints() -> Path:
+    """A constraints file pinning the torch this environment already has (our packages
+    must never change it: the 2.14 cells keep 2.14.1), else tools/constraints.txt."""
+    try:
+        version = metadata.version("torch").split("+")[0]
+    except metadata.PackageNotFoundError:
+        return CONSTRAINTS
+    pinned = ROOT / "build" / f"constraints-installed-torch-{version}.txt"
+    pinned.parent.mkdir(parents=True, exist_ok=True)
+    pinned.write_text(f"torch=={version}\n")
+    return pinned
+
+
 def source_tree_imports(paths: list[Path]) -> list[str]:
     """Top-level modules of `paths` that this interpreter would import from the repo."""
     bad = []
@@ -115,7 +130,7 @@ def install_wheels(paths: list[Path]) -> int:
     todo = [str(wheel) for name, wheel in wheels.items() if name not in keep]
     if todo:
         print("install_packages: wheels", " ".join(Path(w).name for w in todo), flush=True)
-        pip("install", "-q", "-c", str(CONSTRAINTS), *todo)
+        pip("install", "-q", "-c", str(torch_constraints()), *todo)
     importlib.invalidate_caches()
     bad = source_tree_imports(paths)
     if bad:
@@ -128,7 +143,7 @@ def install_editable(paths: list[Path]) -> int:
     paths = [path for path in paths if not is_current_editable(path)]
     if not paths:
         return 0
-    command = ["install", "-q", "-c", str(CONSTRAINTS)]
+    command = ["install", "-q", "-c", str(torch_constraints())]
     for path in paths:
         command += ["-e", str(path)]
     print("install_packages: editable", " ".join(p.name for p in paths), flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from dt_core.kit import hand_to_torch
 
 from . import ranks
 from .backward import convolution_backward_handler
@@ -25,6 +26,7 @@ from .handled_ops import (
     backward_of,
 )
 from .interpolate import upsample, upsample_backward
+from .ownership import torch_owns
 from .padding import constant_pad, mode_pad, mode_pad_backward
 from .pooling import (
     avg_pool,
@@ -53,11 +55,14 @@ HANDLERS: dict[str, Handler] = {
 
 def handle(name: str, op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """`aten.<name>` on DTensors. Bad arguments raise torch's own error on every rank first
-    (a backward op runs only after its forward passed the check). Under an enabled
+    (a backward op runs only after its forward passed the check); calls torch computes
+    right go to torch (`ownership`). Under an enabled
     LocalTensorMode the handlers run sharded (`dt_conv.ranks`); LocalTensors outside an
     enabled mode have no mesh coordinate to read and take the replicated path."""
     if not name.endswith("_backward"):
         raise_like_torch(op_call, args, kwargs)
+    if torch_owns(name, args, kwargs):
+        return hand_to_torch(op_call, args, kwargs)
     if simulated_ranks(args, kwargs) and not ranks.simulated():
         return replicated_op(str(op_call), op_call, args, kwargs)
     return HANDLERS[name](op_call, args, kwargs)

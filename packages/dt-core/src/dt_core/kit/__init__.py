@@ -3,6 +3,7 @@
 - `bind_arguments` / `bind_positional`: op arguments by the op's schema.
 - `replicated_fallback`, `warn_fallback`, `reshard_like`, `replicated`: the exact path
   for cases a handler cannot shard, warned once per op and reason (`FallbackWarning`).
+- `hand_to_torch`: torch's own dispatch for the cases torch gets right.
 - `SettingsStore`: a plugin's settings dataclass, from `DT_<PLUGIN>_<NAME>` variables,
   `configure()` and `scoped()` blocks; listed by `dt-plugins list --settings`.
 - `Counters`, `stats()`: per-plugin counters; `dt-plugins stats -- <command>` shows them.
@@ -20,6 +21,7 @@ from .fallback import (
     reshard_like,
     warn_fallback,
 )
+from .handover import hand_to_torch
 from .settings import SettingsStore, registered_settings
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "bind_arguments",
     "bind_positional",
     "forget_fallback_warnings",
+    "hand_to_torch",
     "registered_settings",
     "replicated",
     "replicated_fallback",
