@@ -13,15 +13,20 @@ them overlaps the exchange in both.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from dt_core.compat import tracing
+from dt_core.dtensors import as_dtensor
 from dt_core.kit import Counters
 from dt_core.tracing import is_tracing
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from . import ranks
 from .geometry import DimSplit
@@ -139,11 +144,22 @@ def _packed(
 ) -> tuple[Any, ...]:
     send_rows = [pieces[r].shape[dim] if r in pieces else 0 for r in range(parts)]
     recv_rows = [recvs.get(r, 0) for r in range(parts)]
+    # Each exchange sends from a buffer of its own (`torch.empty`, which graph CSE never
+    # merges), filled from `like` even when empty: two exchanges whose sends are equal on
+    # one rank (both empty, say) must stay two collectives on every rank, and a send of
+    # nothing must still depend on the data, or a partitioner moves that rank's backward
+    # exchange into the forward graph. Either way the ranks' graphs would disagree on the
+    # order of collectives and deadlock (torch 2.14's aot_eager partitions with CSE).
     if pieces:
-        send = torch.cat([pieces[r].movedim(dim, 0) for r in sorted(pieces)])
+        source = torch.cat([pieces[r].movedim(dim, 0) for r in sorted(pieces)])
     else:
-        send = like.movedim(dim, 0).narrow(0, 0, 0)
-    return (send.contiguous(), *send_rows, *recv_rows)
+        source = like.movedim(dim, 0).narrow(0, 0, 0)
+    anchor = _GRADIENT.get()
+    if anchor is not None and is_tracing(source):
+        source = source + anchor.narrow(0, 0, 0).sum().to(source.dtype)
+    send = torch.empty(source.shape, dtype=like.dtype, device=like.device)
+    send.copy_(source)
+    return (send, *send_rows, *recv_rows)
 
 
 def _received(out: torch.Tensor | None, dim: int, recv_rows: list[int]) -> dict[int, torch.Tensor]:
@@ -174,7 +190,58 @@ class _AllToAll:
 
     def wait(self) -> torch.Tensor:
         out: torch.Tensor = tracing.wait(self.started)
+        kept = _RECEIVED.get()
+        if kept is not None and is_tracing(out):
+            kept.append(out)
         return out
+
+
+# What this handler's traced exchanges received, and the gradient a backward handler was
+# given (`traced_exchanges`); None outside a handler.
+_RECEIVED: ContextVar[list[torch.Tensor] | None] = ContextVar("dt_conv_received", default=None)
+_GRADIENT: ContextVar[torch.Tensor | None] = ContextVar("dt_conv_gradient", default=None)
+
+
+@contextlib.contextmanager
+def traced_exchanges(gradient: torch.Tensor | None) -> Iterator[list[torch.Tensor]]:
+    """Keep a traced handler's exchanges where every rank puts them (the SPMD graphs torch's
+    partitioner assumes); yields what they received, for `tie_to`.
+
+    With uneven shards the ranks trace different graphs, and torch 2.14's partitioner
+    moves or copies collectives by data dependence, rank by rank: an exchange that brings
+    a rank nothing has an unused result there, and a dead collective whose inputs are
+    available in the backward graph is copied into it; an exchange in a backward handler
+    whose send does not depend on the gradient (input halos for the weight gradient) may
+    move into the forward graph on one rank and not on another. Then the ranks'
+    collectives stop matching and deadlock. So every received tensor is tied to the
+    handler's output, and in a backward handler (`gradient`: its incoming gradient, local)
+    every send depends on the gradient.
+    """
+    kept: list[torch.Tensor] = []
+    tokens = (_RECEIVED.set(kept), _GRADIENT.set(gradient))
+    try:
+        yield kept
+    finally:
+        _GRADIENT.reset(tokens[1])
+        _RECEIVED.reset(tokens[0])
+
+
+def tie_to(result: Any, received: list[torch.Tensor]) -> Any:
+    """`result` (a handler's DTensor output, or a tuple of them) with its first floating
+    output made to depend on every tensor in `received`, adding an exact zero (a sum over
+    no elements)."""
+    if isinstance(result, tuple | list):
+        items = list(result)
+        for i, item in enumerate(items):
+            if isinstance(item, DTensor) and item.dtype.is_floating_point:
+                items[i] = tie_to(item, received)
+                return type(result)(items)
+        return result
+    if not isinstance(result, DTensor) or not result.dtype.is_floating_point:
+        return result
+    local = result.to_local()
+    zero = sum((r.narrow(0, 0, 0).sum() for r in received), local.new_zeros(()))
+    return as_dtensor(local + zero, result.device_mesh, result.placements, result.shape)
 
 
 def _piece(seg: Segment, source: torch.Tensor, dim: int) -> torch.Tensor:

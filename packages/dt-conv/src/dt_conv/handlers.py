@@ -11,11 +11,13 @@ from collections.abc import Callable
 
 import torch
 from dt_core.kit import hand_to_torch
+from torch.distributed.tensor import DTensor
 
 from . import ranks
 from .backward import convolution_backward_handler
 from .fallback import replicated_op
 from .forward import convolution_handler
+from .halo import tie_to, traced_exchanges
 from .handled_ops import (
     AVG_POOL,
     CONSTANT_PAD,
@@ -65,4 +67,8 @@ def handle(name: str, op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
         return hand_to_torch(op_call, args, kwargs)
     if simulated_ranks(args, kwargs) and not ranks.simulated():
         return replicated_op(str(op_call), op_call, args, kwargs)
-    return HANDLERS[name](op_call, args, kwargs)
+    backward = name.endswith("_backward") and args and isinstance(args[0], DTensor)
+    gradient = args[0].to_local() if backward else None
+    with traced_exchanges(gradient) as received:
+        result = HANDLERS[name](op_call, args, kwargs)
+    return tie_to(result, received) if received else result
