@@ -1,11 +1,12 @@
 """Hook specifications of the `dt` pluggy project: everything a plugin can contribute.
 
 A plugin is a module (named by an entry point in the `dt.plugins` group) holding
-functions marked with `dt_core.hookimpl`. There is one hook per contribution kind, and
-its specification is made from that kind's entry in `dt_core.kinds.KINDS` (name, record
-type, docstring). Each hook is called lazily, when the part of torch it targets is first
-imported, so plugin modules should import heavy torch modules inside their hook functions
-rather than at top level.
+functions marked with `dt_core.hookimpl`. There is one hook per contribution kind, written
+out below as a function (what pluggy calls a specification); the kinds table
+(`dt_core.kinds.KINDS`) says what dt-core does with each, and its tests check the two
+name the same hooks and record types. Each hook is called lazily, when the part of torch
+it targets is first imported, so plugin modules should import heavy torch modules inside
+their hook functions rather than at top level.
 
 The hooks form a versioned API, `HOOK_API_VERSION` ("MAJOR.MINOR"): a new hook or a new
 optional field raises MINOR (plugins written for an older minor keep working); removing
@@ -21,12 +22,19 @@ torch`, which loads every plugin module, does not pay for them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import pluggy
 
-from .kinds import KINDS, Kind
+from .contributions import (
+    GraphPass,
+    HopRule,
+    LibraryOps,
+    LocalTensorRule,
+    OpHandler,
+    Patch,
+    ShardingStrategy,
+)
 
 PROJECT = "dt"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -42,19 +50,48 @@ PLUGIN_API_ATTRIBUTE = "DT_API"
 SETTINGS_ATTRIBUTE = "DT_SETTINGS"
 
 
-def _specification(kind: Kind) -> Callable[[], Sequence[Any]]:
-    """The pluggy hook specification of `kind`: a hook without arguments returning
-    `kind.record_type` records, documented by `kind.doc`."""
-
-    def specification() -> Sequence[Any]:
-        raise NotImplementedError  # never called: pluggy calls the plugins' hookimpls
-
-    specification.__name__ = specification.__qualname__ = kind.hook
-    specification.__doc__ = kind.doc
-    specification.__annotations__ = {"return": f"Sequence[{kind.record_type.__name__}]"}
-    return hookspec(specification)
+# The hooks. Each is called without arguments and returns the plugin's contributions of
+# one kind; these bodies never run (pluggy calls the plugins' hookimpls).
 
 
-# One hook per entry of the kinds table: dt_library_ops, dt_op_handlers,
-# dt_sharding_strategies, dt_hop_rules, dt_patches, dt_graph_passes, dt_local_tensor_rules.
-globals().update({kind.hook: _specification(kind) for kind in KINDS})
+@hookspec
+def dt_library_ops() -> Sequence[LibraryOps]:
+    """torch.library ops (definitions, kernels, fake kernels) the plugin registers."""
+    raise NotImplementedError
+
+
+@hookspec
+def dt_op_handlers() -> Sequence[OpHandler]:
+    """Ops whose whole DTensor dispatch the plugin takes over."""
+    raise NotImplementedError
+
+
+@hookspec
+def dt_sharding_strategies() -> Sequence[ShardingStrategy]:
+    """Sharding strategies / propagation rules the plugin registers."""
+    raise NotImplementedError
+
+
+@hookspec
+def dt_hop_rules() -> Sequence[HopRule]:
+    """Higher-order-operator rules for tensor subclasses (installed with DTensor's part)."""
+    raise NotImplementedError
+
+
+@hookspec
+def dt_patches() -> Sequence[Patch]:
+    """Attributes of torch the plugin replaces while active (API 1.1; DTensor's part)."""
+    raise NotImplementedError
+
+
+@hookspec
+def dt_graph_passes() -> Sequence[GraphPass]:
+    """Inductor post-grad graph passes the plugin contributes."""
+    raise NotImplementedError
+
+
+@hookspec
+def dt_local_tensor_rules() -> Sequence[LocalTensorRule]:
+    """How ops run under torch's LocalTensorMode (API 1.2; installed when that mode's
+    module is first imported)."""
+    raise NotImplementedError

@@ -4,8 +4,9 @@ Each `Kind` names its hook, the record type the hook returns, the torch part who
 installs it, its installer (one contribution in, its undo out), the conflict key (two
 usable plugins with the same key in the same part conflict) and the column
 `dt-plugins list` shows it in. Activation (`dt_core.activation`) is driven by this table
-alone, and the hook specifications are made from it: adding a kind is one entry here and
-one installer.
+alone; the hook specifications are written out in `dt_core.hookspecs` (the tests check
+both name the same hooks): adding a kind is a hook there, one entry here and one
+installer.
 
 The installers, and the torch internals they reach through `dt_core.compat`, load on
 first use (`_lazy`): the table itself is read during `import torch`, when only library
@@ -49,8 +50,7 @@ class Kind:
     """One kind of contribution (see the module docstring)."""
 
     name: str  # key in PluginRecord.contributions
-    hook: str  # the hook (`dt_core.hookspecs` makes its specification from this entry)
-    doc: str  # the hook's docstring: what a plugin returns from it
+    hook: str  # the hook, specified (and documented) in `dt_core.hookspecs`
     record_type: type
     part: Part
     install: Callable[[str, Any], Undo]  # (plugin name, contribution) -> undo
@@ -77,7 +77,6 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="library_ops",
         hook="dt_library_ops",
-        doc="torch.library ops (definitions, kernels, fake kernels) the plugin registers.",
         record_type=contributions.LibraryOps,
         part=LIBRARY,
         install=_lazy("installers", "install_library_ops"),
@@ -87,7 +86,6 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="op_handlers",
         hook="dt_op_handlers",
-        doc="Ops whose whole DTensor dispatch the plugin takes over.",
         record_type=contributions.OpHandler,
         part=DTENSOR,
         install=_lazy("installers", "install_op_handler"),
@@ -98,7 +96,6 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="sharding_strategies",
         hook="dt_sharding_strategies",
-        doc="Sharding strategies / propagation rules the plugin registers.",
         record_type=contributions.ShardingStrategy,
         part=DTENSOR,
         install=_lazy("installers", "install_sharding_strategy"),
@@ -109,7 +106,6 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="hop_rules",
         hook="dt_hop_rules",
-        doc="Higher-order-operator rules for tensor subclasses (installed with DTensor's part).",
         record_type=contributions.HopRule,
         part=DTENSOR,
         install=_lazy("installers", "install_hop_rule"),
@@ -119,7 +115,6 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="patches",
         hook="dt_patches",
-        doc="Attributes of torch the plugin replaces while active (API 1.1; DTensor's part).",
         record_type=contributions.Patch,
         part=DTENSOR,
         install=_lazy("installers", "install_patch"),
@@ -130,7 +125,6 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="graph_passes",
         hook="dt_graph_passes",
-        doc="Inductor post-grad graph passes the plugin contributes.",
         record_type=contributions.GraphPass,
         part=INDUCTOR,
         install=_lazy("installers", "install_graph_pass"),
@@ -141,10 +135,6 @@ KINDS: tuple[Kind, ...] = (
     Kind(
         name="local_tensor_rules",
         hook="dt_local_tensor_rules",
-        doc=(
-            "How ops run under torch's LocalTensorMode (API 1.2; installed when that mode's "
-            "module is first imported)."
-        ),
         record_type=contributions.LocalTensorRule,
         part=LOCAL_TENSOR,
         install=_lazy("installers", "install_local_tensor_rule"),
