@@ -191,8 +191,8 @@ class _AllToAll:
     def wait(self) -> torch.Tensor:
         out: torch.Tensor = tracing.wait(self.started)
         kept = _RECEIVED.get()
-        if kept is not None and is_tracing(out):
-            kept.append(out)
+        if kept is not None and out.shape[0] == 0 and is_tracing(out):
+            kept.append(out)  # a rank that receives nothing never uses the result
         return out
 
 
@@ -213,9 +213,10 @@ def traced_exchanges(gradient: torch.Tensor | None) -> Iterator[list[torch.Tenso
     available in the backward graph is copied into it; an exchange in a backward handler
     whose send does not depend on the gradient (input halos for the weight gradient) may
     move into the forward graph on one rank and not on another. Then the ranks'
-    collectives stop matching and deadlock. So every received tensor is tied to the
-    handler's output, and in a backward handler (`gradient`: its incoming gradient, local)
-    every send depends on the gradient.
+    collectives stop matching and deadlock. So every empty received tensor (the others
+    are used: a rank receives only rows it reads) is tied to the handler's output, and
+    in a backward handler (`gradient`: its incoming gradient, local) every send depends
+    on the gradient.
     """
     kept: list[torch.Tensor] = []
     tokens = (_RECEIVED.set(kept), _GRADIENT.set(gradient))
