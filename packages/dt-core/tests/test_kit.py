@@ -16,6 +16,7 @@ from dt_core.kit import (
     Counters,
     FallbackWarning,
     SettingsStore,
+    Unsupported,
     bind_arguments,
     bind_positional,
     forget_fallback_warnings,
@@ -177,6 +178,19 @@ def test_fallback_warns_once_per_op_and_reason() -> None:
         assert warn_fallback("kit", "aten.foo", "uneven groups")
     assert [w.category for w in caught] == [FallbackWarning, FallbackWarning]
     assert "dt-kit: aten.foo falls back to replicated inputs (odd stride)" in str(caught[0].message)
+
+
+def test_unsupported_carries_its_reason_and_is_exported() -> None:
+    import dt_core
+    import dt_core.kit
+    from dt_core.errors import DtPluginError
+
+    with pytest.raises(Unsupported) as refused:
+        raise Unsupported("input dim 1 changes size")
+    assert str(refused.value) == refused.value.reason == "input dim 1 changes size"
+    assert isinstance(refused.value, DtPluginError)
+    assert dt_core.Unsupported is Unsupported and "Unsupported" in dt_core.__all__
+    assert "Unsupported" in dt_core.kit.__all__
 
 
 @pytest.mark.ranks(2)

@@ -12,7 +12,7 @@ from typing import cast
 
 import torch
 from dt_core.dtensors import as_dtensor
-from dt_core.kit import bind_positional, replicated_fallback
+from dt_core.kit import Unsupported, bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from . import ranks
@@ -52,16 +52,22 @@ def convolution_backward_handler(
     if transposed:
         from . import transposed as tr
 
-        tplan = tr.make_transposed_plan(x, weight.shape, stride, padding, dilation, out_pad, groups)
-        if not isinstance(tplan, str):
-            return tr.backward(tplan, grad_out, x, weight, bias_sizes, groups, mask)
-        reason = f"transposed convolution: {tplan}"
-        return replicated_fallback("conv", reason, op_call, args, kwargs, like=(x, weight))
+        try:
+            tplan = tr.make_transposed_plan(
+                x, weight.shape, stride, padding, dilation, out_pad, groups
+            )
+        except Unsupported as exc:
+            reason = f"transposed convolution: {exc}"
+            return replicated_fallback("conv", reason, op_call, args, kwargs, like=(x, weight))
+        return tr.backward(tplan, grad_out, x, weight, bias_sizes, groups, mask)
     layout = channel_layout(x, weight, None, groups)
-    plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
-        if isinstance(plan, str):
-            return replicated_fallback("conv", plan, op_call, args, kwargs, like=(x, weight))
+        try:
+            plan = make_plan(
+                x, weight.shape, stride, padding, dilation, transposed, layout.splits_input
+            )
+        except Unsupported as exc:
+            return replicated_fallback("conv", str(exc), op_call, args, kwargs, like=(x, weight))
         plan = in_exchange_order(plan)  # the forward's order; every path exchanges in it
         mesh = plan.mesh
         g_placements = grad_output_placements(layout, plan.placements)

@@ -9,7 +9,7 @@ from typing import cast
 
 import torch
 from dt_core.dtensors import as_dtensor
-from dt_core.kit import bind_positional, replicated_fallback
+from dt_core.kit import Unsupported, bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
 from . import ranks
@@ -50,15 +50,21 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
     if transposed:
         from . import transposed as tr
 
-        tplan = tr.make_transposed_plan(x, weight.shape, stride, padding, dilation, out_pad, groups)
-        if not isinstance(tplan, str):
-            return tr.forward(tplan, x, weight, bias, groups)
-        return _fallback(f"transposed convolution: {tplan}", op_call, args, kwargs, x)
+        try:
+            tplan = tr.make_transposed_plan(
+                x, weight.shape, stride, padding, dilation, out_pad, groups
+            )
+        except Unsupported as exc:
+            return _fallback(f"transposed convolution: {exc}", op_call, args, kwargs, x)
+        return tr.forward(tplan, x, weight, bias, groups)
     layout = channel_layout(x, weight, bias, groups)
-    plan = make_plan(x, weight.shape, stride, padding, dilation, transposed, layout.splits_input)
     with torch.no_grad():
-        if isinstance(plan, str):
-            return _fallback(plan, op_call, args, kwargs, x)
+        try:
+            plan = make_plan(
+                x, weight.shape, stride, padding, dilation, transposed, layout.splits_input
+            )
+        except Unsupported as exc:
+            return _fallback(str(exc), op_call, args, kwargs, x)
         plan = in_exchange_order(plan)
         w, b = local_weight(layout, weight, x), local_bias(layout, bias, weight, x)
         placements = output_placements(layout, plan.placements)

@@ -16,7 +16,7 @@ from typing import cast
 
 import torch
 from dt_core.compat.tracing import no_dispatch_modes
-from dt_core.kit import bind_positional, replicated_fallback
+from dt_core.kit import Unsupported, bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
 from . import spatial
@@ -119,10 +119,11 @@ def _window_op(
     out_sizes: Sequence[int],
     align_corners: bool | None,
     scales: Sequence[float | None],
-) -> spatial.WindowOp | str:
+) -> spatial.WindowOp:
+    """The interpolation as a halo op; `Unsupported` where the sharded path cannot be exact."""
     n = len(out_sizes)
     if len(in_shape) != n + 2:
-        return "unexpected input rank"
+        raise Unsupported("unexpected input rank")
     kind, first = _kind(name), len(in_shape) - n
     tables = [
         dim_table(kind, in_shape[first + i], out_sizes[i], align_corners, scales[i], x.dtype)
@@ -137,8 +138,6 @@ def _window_op(
 
     out_shape = (*in_shape[:first], *out_sizes)
     plan = plan_spatial(x, out_shape, {first + i: splitter(i) for i in range(n)}, in_shape=in_shape)
-    if isinstance(plan, str):
-        return plan
     local, vjp = _local_fns(plan, tables, first)
     return spatial.WindowOp(plan, local, vjp)
 
@@ -197,9 +196,10 @@ def upsample(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
     values = bind_positional(op_call, args, kwargs)
     x, name = cast(DTensor, values[0]), op_call.__name__  # schema: Tensor
     out_size, _, align, scales = _split_args(name, values, backward=False)
-    op = _window_op(x, name, x.shape, out_size, align, scales)
-    if isinstance(op, str):
-        return replicated_fallback("conv", op, op_call, values, like=(x,))
+    try:
+        op = _window_op(x, name, x.shape, out_size, align, scales)
+    except Unsupported as exc:
+        return replicated_fallback("conv", str(exc), op_call, values, like=(x,))
     if not op.plan.splits:  # nothing sharded along the op's dims: torch's own kernel
         local = op_call(x.to_local(), *values[1:])
         return spatial.as_dtensor(local, op.plan.mesh, op.plan.placements, op.plan.out_shape)
@@ -210,9 +210,10 @@ def upsample_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
     values = bind_positional(op_call, args, kwargs)
     grad, name = cast(DTensor, values[0]), op_call.__name__  # schema: Tensor
     out_size, in_size, align, scales = _split_args(name, values, backward=True)
-    op = _window_op(grad, name, in_size, out_size, align, scales)
-    if isinstance(op, str):
-        return replicated_fallback("conv", op, op_call, values, like=(grad,))
+    try:
+        op = _window_op(grad, name, in_size, out_size, align, scales)
+    except Unsupported as exc:
+        return replicated_fallback("conv", str(exc), op_call, values, like=(grad,))
     if not op.plan.splits:  # only non-op dims sharded: torch's kernel on local sizes
         g = grad.to_local()
         local_in = list(in_size)

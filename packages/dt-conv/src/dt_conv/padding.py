@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
-from dt_core.kit import bind_positional, replicated_fallback
+from dt_core.kit import Unsupported, bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
 from . import ranks, spatial
@@ -44,20 +44,21 @@ def _window_op(
     local_pad: LocalPad,
     local_vjp: LocalVjp,
     value: float = 0.0,
-) -> spatial.WindowOp | str:
+) -> spatial.WindowOp:
+    """The pad as a halo op; `Unsupported` where the sharded path cannot be exact."""
     ndim = len(in_shape)
     if len(pad) % 2 or len(pad) // 2 > ndim:
-        return "malformed padding"
+        raise Unsupported("malformed padding")
     pairs = _pairs(pad, ndim)
     out_shape = list(in_shape)
     for dim, (left, right) in pairs.items():
         out_shape[dim] = in_shape[dim] + left + right
         if out_shape[dim] < 0 or in_shape[dim] + min(left, 0) + min(right, 0) < 0:
-            return "negative output size"  # the fallback raises torch's own error
+            raise Unsupported("negative output size")  # the fallback raises torch's own error
         if fill == "reflect" and max(left, right) >= in_shape[dim]:
-            return "reflect padding not smaller than the input"
+            raise Unsupported("reflect padding not smaller than the input")
         if fill != "constant" and (min(left, right) < 0 or in_shape[dim] == 0):
-            return "negative or empty non-constant padding"
+            raise Unsupported("negative or empty non-constant padding")
 
     def splitter(dim: int) -> Splitter:
         left, _ = pairs[dim]
@@ -67,8 +68,6 @@ def _window_op(
         )
 
     plan = plan_spatial(x, out_shape, {d: splitter(d) for d in pairs}, in_shape=in_shape)
-    if isinstance(plan, str):
-        return plan
     sharded = {s.dim for s in plan.splits}
     rest = list(pad)
     for dim in sharded:
@@ -96,9 +95,10 @@ def constant_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> o
     def vjp(grad: torch.Tensor, window: torch.Tensor, rest: list[int]) -> torch.Tensor:
         return op_call(grad, [-p for p in rest], 0.0)
 
-    op = _window_op(x, x.shape, pad, "constant", local, vjp, value)
-    if isinstance(op, str):
-        return replicated_fallback("conv", op, op_call, [x, pad, value], like=(x,))
+    try:
+        op = _window_op(x, x.shape, pad, "constant", local, vjp, value)
+    except Unsupported as exc:
+        return replicated_fallback("conv", str(exc), op_call, [x, pad, value], like=(x,))
     return spatial.forward(op, x)
 
 
@@ -109,9 +109,10 @@ def _mode(name: str) -> Fill:
 def mode_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     x_arg, pad_arg = bind_positional(op_call, args, kwargs)
     x, pad = cast(DTensor, x_arg), cast(list[int], pad_arg)  # as the pad op's schema says
-    op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(op_call))
-    if isinstance(op, str):
-        return replicated_fallback("conv", op, op_call, [x, pad], like=(x,))
+    try:
+        op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(op_call))
+    except Unsupported as exc:
+        return replicated_fallback("conv", str(exc), op_call, [x, pad], like=(x,))
     return spatial.forward(op, x)
 
 
@@ -120,9 +121,10 @@ def mode_pad_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
     # types as the pad backward op's schema declares them
     grad, x, pad = cast(DTensor, grad_arg), cast(DTensor, x_arg), cast(list[int], pad_arg)
     forward_op = getattr(torch.ops.aten, op_call.__name__.split(".")[0].replace("_backward", ""))
-    op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(forward_op.default))
-    if isinstance(op, str):
-        return replicated_fallback("conv", op, op_call, [grad, x, pad], like=(x,))
+    try:
+        op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(forward_op.default))
+    except Unsupported as exc:
+        return replicated_fallback("conv", str(exc), op_call, [grad, x, pad], like=(x,))
     return spatial.backward(op, grad, None, x.shape)
 
 
@@ -166,10 +168,11 @@ def circular_pad(x: DTensor, pad: Sequence[int]) -> torch.Tensor:
     raise_like_torch(torch.ops.aten._pad_circular.default, (x, pad), {})
     if simulated_ranks((x,), {}) and not ranks.simulated():
         return _decompose_circular(x, pad)  # LocalTensors outside their mode: torch's own
-    op = _window_op(x, x.shape, pad, "circular", _decompose_circular, _circular_vjp)
-    if isinstance(op, str):
+    try:
+        op = _window_op(x, x.shape, pad, "circular", _decompose_circular, _circular_vjp)
+    except Unsupported as exc:
         from dt_core.kit import warn_fallback
 
-        warn_fallback("conv", "circular pad", op)
+        warn_fallback("conv", "circular pad", str(exc))
         return _decompose_circular(x, pad)
     return _CircularPad.apply(x, op)

@@ -2,7 +2,8 @@
 
 The decision must be identical on every rank (a rank that falls back alone would leave
 its peers waiting in a halo exchange), so it reads shapes and placements, never local
-data.
+data. A call it cannot plan raises `Unsupported`, whose reason its handler's fallback
+warns with.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from dt_core.kit import Unsupported
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
@@ -43,8 +45,8 @@ def plan_spatial(
     blocked: Mapping[int, str] | None = None,
     in_shape: Sequence[int] | None = None,
     owned: Collection[int] = (),
-) -> SpatialPlan | str:
-    """A `SpatialPlan`, or the reason the sharded path cannot be exact for this call.
+) -> SpatialPlan:
+    """A `SpatialPlan`; `Unsupported` if the sharded path cannot be exact for this call.
 
     `splitters` names the dims the op works along; any other dim must keep its size and
     may be sharded freely, unless `blocked` gives the reason it may not; the
@@ -54,7 +56,7 @@ def plan_spatial(
     never receives).
     """
     if not isinstance(x, DTensor):
-        return "input is not a DTensor"
+        raise Unsupported("input is not a DTensor")
     blocked = blocked or {}
     shape = tuple(in_shape) if in_shape is not None else tuple(x.shape)
     splits: list[DimSplit] = []
@@ -66,21 +68,21 @@ def plan_spatial(
         if isinstance(p, Replicate):
             continue
         if isinstance(p, Partial):
-            return f"Partial (unreduced) input on mesh dim {mesh_dim}"
+            raise Unsupported(f"Partial (unreduced) input on mesh dim {mesh_dim}")
         if type(p) is not Shard:
-            return f"input placement {p} on mesh dim {mesh_dim}"
+            raise Unsupported(f"input placement {p} on mesh dim {mesh_dim}")
         dim = p.dim % len(shape)
         if dim in blocked:
-            return blocked[dim]
+            raise Unsupported(blocked[dim])
         if dim in seen:
-            return f"input dim {dim} sharded over several mesh dims"
+            raise Unsupported(f"input dim {dim} sharded over several mesh dims")
         seen.add(dim)
         if dim in owned:
             owned_mesh.append(mesh_dim)
         elif dim in splitters:
             splits.append(splitters[dim](mesh_dim, mesh.size(mesh_dim)))
         elif out_shape[dim] != shape[dim]:
-            return f"input dim {dim} changes size"
+            raise Unsupported(f"input dim {dim} changes size")
         else:
             free.append(mesh_dim)
     return SpatialPlan(
@@ -128,18 +130,18 @@ def make_plan(
     dilation: Sequence[int],
     transposed: bool,
     channels_owned: bool = False,
-) -> ConvPlan | str:
-    """A `ConvPlan`, or the reason the sharded path cannot be exact for this call.
+) -> ConvPlan:
+    """A `ConvPlan`; `Unsupported` if the sharded path cannot be exact for this call.
 
     `channels_owned`: a channel layout (see `channels`) handles the input's channel sharding.
     """
     if not isinstance(x, DTensor):
-        return "input is not a DTensor"
+        raise Unsupported("input is not a DTensor")
     if transposed:
-        return "transposed convolution"
+        raise Unsupported("transposed convolution")
     nspatial = len(weight_shape) - 2
     if x.ndim != nspatial + 2:
-        return "unbatched input"
+        raise Unsupported("unbatched input")
     stride, padding = expand(stride, nspatial), expand(padding, nspatial)
     dilation = expand(dilation, nspatial)
     out_spatial = [
@@ -147,7 +149,7 @@ def make_plan(
         for d in range(nspatial)
     ]
     if min(out_spatial) < 1:
-        return "empty convolution output"
+        raise Unsupported("empty convolution output")
 
     def splitter(dim: int) -> Splitter:
         i = dim - 2
@@ -162,8 +164,6 @@ def make_plan(
         blocked={} if channels_owned else {1: "input sharded on the channel dim"},
         owned=(1,) if channels_owned else (),
     )
-    if isinstance(spatial, str):
-        return spatial
     local_padding = list(padding)
     for s in spatial.splits:
         local_padding[s.dim - 2] = 0

@@ -14,7 +14,7 @@ from typing import cast
 
 import torch
 from dt_core.dtensors import as_dtensor
-from dt_core.kit import bind_positional, replicated_fallback
+from dt_core.kit import Unsupported, bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
 from . import ranks, spatial
@@ -35,16 +35,17 @@ def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) ->
 
 def _plan(
     x: DTensor, n: int, kernel: list, stride: list, padding: list, dilation: list, ceil: bool
-) -> SpatialPlan | str:
+) -> SpatialPlan:
+    """The pooling's plan; `Unsupported` where the sharded path cannot be exact."""
     if x.ndim != n + 2:
-        return "unbatched input"
+        raise Unsupported("unbatched input")
     first = x.ndim - n
     sizes = [
         pool_out_size(x.shape[first + i], kernel[i], stride[i], padding[i], dilation[i], ceil)
         for i in range(n)
     ]
     if min(sizes) < 1:
-        return "empty pooling output"
+        raise Unsupported("empty pooling output")
 
     def splitter(i: int) -> Splitter:
         dim = first + i
@@ -81,13 +82,11 @@ def _local_padding(plan: SpatialPlan, padding: list[int], n: int, ndim: int) -> 
 
 def _max_op(
     x: DTensor, n: int, args: list
-) -> tuple[spatial.WindowOp, Callable[[torch.Tensor], tuple]] | str:
+) -> tuple[spatial.WindowOp, Callable[[torch.Tensor], tuple]]:
     """The planned op, and the local pool returning (values, window-local indices)."""
     kernel, stride, padding = _args(n, args[1], args[2], args[3])
     dilation, ceil = expand(args[4], n), bool(args[5])
     plan = _plan(x, n, kernel, stride, padding, dilation, ceil)
-    if isinstance(plan, str):
-        return plan
     pool = aten.max_pool2d_with_indices if n == 2 else aten.max_pool3d_with_indices
     back = (
         aten.max_pool2d_with_indices_backward if n == 2 else aten.max_pool3d_with_indices_backward
@@ -111,10 +110,10 @@ def _max_op(
 def max_pool_with_indices(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """Values and global flat indices, both laid out like the input (one halo exchange)."""
     values, x, n = _bound(op_call, args, kwargs)
-    planned = _max_op(x, n, values)
-    if isinstance(planned, str):
-        return replicated_fallback("conv", planned, op_call, values, like=(x, x))
-    op, pool_both = planned
+    try:
+        op, pool_both = _max_op(x, n, values)
+    except Unsupported as exc:
+        return replicated_fallback("conv", str(exc), op_call, values, like=(x, x))
     plan = op.plan
     with torch.no_grad():
         local = x.to_local()
@@ -162,10 +161,11 @@ def max_pool_with_indices_backward(
     op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
 ) -> object:
     values, x, n = _bound(op_call, args, kwargs)
-    planned = _max_op(x, n, values[1:])  # the forward's arguments follow the gradient
-    if isinstance(planned, str):
-        return replicated_fallback("conv", planned, op_call, values, like=(x,))
-    return spatial.backward(planned[0], cast(DTensor, values[0]), x, x.shape)
+    try:
+        op, _ = _max_op(x, n, values[1:])  # the forward's arguments follow the gradient
+    except Unsupported as exc:
+        return replicated_fallback("conv", str(exc), op_call, values, like=(x,))
+    return spatial.backward(op, cast(DTensor, values[0]), x, x.shape)
 
 
 # ---- average pooling -----------------------------------------------------------------
@@ -183,12 +183,10 @@ def _divisors(size: int, out: int, k: int, s: int, p: int, include_pad: bool) ->
     return result
 
 
-def _avg_op(x: DTensor, n: int, values: list) -> spatial.WindowOp | str:
+def _avg_op(x: DTensor, n: int, values: list) -> spatial.WindowOp:
     kernel, stride, padding = _args(n, values[1], values[2], values[3])
     ceil, include_pad, override = bool(values[4]), bool(values[5]), values[6]
     plan = _plan(x, n, kernel, stride, padding, [1] * n, ceil)
-    if isinstance(plan, str):
-        return plan
     pool = aten.avg_pool2d if n == 2 else aten.avg_pool3d
     pad = _local_padding(plan, padding, n, x.ndim)
     first, ndim, x_shape = x.ndim - n, x.ndim, tuple(x.shape)
@@ -231,15 +229,17 @@ def _avg_op(x: DTensor, n: int, values: list) -> spatial.WindowOp | str:
 
 def avg_pool(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     values, x, n = _bound(op_call, args, kwargs)
-    op = _avg_op(x, n, values)
-    if isinstance(op, str):
-        return replicated_fallback("conv", op, op_call, values, like=(x,))
+    try:
+        op = _avg_op(x, n, values)
+    except Unsupported as exc:
+        return replicated_fallback("conv", str(exc), op_call, values, like=(x,))
     return spatial.forward(op, x)
 
 
 def avg_pool_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     values, x, n = _bound(op_call, args, kwargs)
-    op = _avg_op(x, n, values[1:])  # the forward's arguments follow the gradient
-    if isinstance(op, str):
-        return replicated_fallback("conv", op, op_call, values, like=(x,))
+    try:
+        op = _avg_op(x, n, values[1:])  # the forward's arguments follow the gradient
+    except Unsupported as exc:
+        return replicated_fallback("conv", str(exc), op_call, values, like=(x,))
     return spatial.backward(op, cast(DTensor, values[0]), None, x.shape)

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import torch
 from dt_core.dtensors import as_dtensor
-from dt_core.kit import replicated, reshard_like
+from dt_core.kit import Unsupported, replicated, reshard_like
 from torch.distributed.tensor import DTensor, Replicate
 
 from . import ranks
@@ -90,12 +90,13 @@ def make_transposed_plan(
     dilation: Sequence[int],
     out_pad: Sequence[int],
     groups: int,
-) -> TransposedPlan | str:
+) -> TransposedPlan:
+    """A `TransposedPlan`; `Unsupported` if the sharded path cannot be exact for this call."""
     if not isinstance(x, DTensor):
-        return "input is not a DTensor"
+        raise Unsupported("input is not a DTensor")
     n = len(weight_shape) - 2
     if x.ndim != n + 2:
-        return "unbatched input"
+        raise Unsupported("unbatched input")
     stride, padding = expand(stride, n), expand(padding, n)
     dilation, out_pad = expand(dilation, n), expand(out_pad, n)
     sizes = [
@@ -105,7 +106,7 @@ def make_transposed_plan(
         for i in range(n)
     ]
     if min(sizes) < 1:
-        return "empty convolution output"
+        raise Unsupported("empty convolution output")
 
     def splitter(dim: int) -> Splitter:
         i = dim - 2
@@ -119,8 +120,6 @@ def make_transposed_plan(
         {d: splitter(d) for d in range(2, x.ndim)},
         blocked={1: "input sharded on the channel dim"},
     )
-    if isinstance(spatial, str):
-        return spatial
     return TransposedPlan(spatial, stride, padding, dilation, out_pad)
 
 

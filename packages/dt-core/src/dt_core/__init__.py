@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         Patch,
         ShardingStrategy,
     )
-    from .errors import DtPluginError, PluginConflictError, UnsupportedTorchError
+    from .errors import DtPluginError, PluginConflictError, Unsupported, UnsupportedTorchError
     from .hookspecs import HOOK_API_VERSION, hookimpl
     from .records import PluginInfo
 
@@ -58,7 +58,9 @@ _HOME = {
         ),
         "contributions",
     ),
-    **dict.fromkeys(("DtPluginError", "PluginConflictError", "UnsupportedTorchError"), "errors"),
+    **dict.fromkeys(
+        ("DtPluginError", "PluginConflictError", "Unsupported", "UnsupportedTorchError"), "errors"
+    ),
     **dict.fromkeys(("HOOK_API_VERSION", "hookimpl"), "hookspecs"),
     "PluginInfo": "records",
 }
@@ -83,6 +85,7 @@ __all__ = [
     "PluginConflictError",
     "PluginInfo",
     "ShardingStrategy",
+    "Unsupported",
     "UnsupportedTorchError",
     "__version__",
     "activate",

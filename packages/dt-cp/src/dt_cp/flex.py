@@ -16,12 +16,12 @@ from typing import Any, cast
 
 import torch
 from dt_core.dtensors import as_dtensor
-from dt_core.kit import replicated, warn_fallback
+from dt_core.kit import Unsupported, replicated, warn_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import KV, AttentionSpec, Saved, autograd_vjp
-from .plan import batch_head_offsets, make_plan
+from .plan import batch_head_offsets, make_plan, refuse_fallback_if_permuted
 from .sparsity import BlockVisibility
 
 LN2 = math.log(2.0)
@@ -135,9 +135,11 @@ def flex_attention(
             raise ValueError("dt-cp: pass block_mask or mask_mod, not both")
         masked = mask_mod
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    plan = make_plan(query, key, value)
-    if isinstance(plan, str):
-        warn_fallback("cp", "flex_attention", plan)
+    try:
+        plan = make_plan(query, key, value)
+    except Unsupported as exc:
+        refuse_fallback_if_permuted(str(exc), query, key, value)
+        warn_fallback("cp", "flex_attention", str(exc))
         return _fallback(query, key, value, score, masked, scale, return_lse)
     b_off, h_off = batch_head_offsets(query)
     spec = AttentionSpec(

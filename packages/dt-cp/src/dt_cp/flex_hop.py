@@ -21,13 +21,14 @@ from typing import Any
 
 import torch
 from dt_core.dtensors import as_dtensor
+from dt_core.kit import Unsupported
 from torch.distributed.tensor import DTensor
 
 from .algorithms import Shards, run_backward, run_forward
 from .blocks import KV, AttentionSpec, Saved
 from .compat import attention
 from .config import settings
-from .plan import batch_head_offsets, make_plan
+from .plan import batch_head_offsets, make_plan, refuse_fallback_if_permuted
 from .sparsity import BlockVisibility
 
 LN2 = math.log(2.0)
@@ -80,12 +81,14 @@ def _setup(
     # torch's eager front end traces the operator once (fake tensors) before running it
     # for real: that trace only needs shapes, so it takes the traceable algorithm quietly.
     with settings(algorithm="allgather") if traced else contextlib.nullcontext():
-        plan = make_plan(query, key, value)
-    if isinstance(plan, str):
-        raise NotImplementedError(
-            f"dt-cp: flex_attention on these DTensors is not supported ({plan}); "
-            "use dt_cp.flex_attention, which falls back exactly"
-        )
+        try:
+            plan = make_plan(query, key, value)
+        except Unsupported as exc:
+            refuse_fallback_if_permuted(str(exc), query, key, value)
+            raise NotImplementedError(
+                f"dt-cp: flex_attention on these DTensors is not supported ({exc}); "
+                "use dt_cp.flex_attention, which falls back exactly"
+            ) from None
     q_len, kv_len = block_mask[0], block_mask[1]
     no_mask = attention.is_default_block_mask(block_mask)  # flex_attention(..., block_mask=None)
     if not no_mask and (q_len, kv_len) != (query.shape[2], key.shape[2]):

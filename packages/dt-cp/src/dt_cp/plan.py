@@ -1,4 +1,4 @@
-"""From sequence-sharded DTensors to a context-parallel plan (or the reason there is none).
+"""From sequence-sharded DTensors to a context-parallel plan (or `Unsupported`: why none).
 
 Supported: q, k, v on one mesh with identical placements, the sequence (dim 2 of
 (batch, heads, seq, dim)) sharded on exactly one mesh dim, other mesh dims replicated or
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from dt_core.dtensors import forget_warnings, warn_once
-from dt_core.kit import forget_fallback_warnings
+from dt_core.kit import Unsupported, forget_fallback_warnings
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
@@ -56,18 +56,6 @@ def placements_of(t: DTensor) -> tuple[Placement, ...]:
     return tuple(_norm(p, t.ndim) for p in t.placements)
 
 
-def make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan | str:
-    """A plan for attention over DTensors q, k, v, or why none applies.
-
-    Raises instead of naming a reason when the exact fallback (replicate) would read a
-    load-balanced sequence in its permuted order, which is not exact.
-    """
-    plan = _make_plan(q, k, v, mask)
-    if isinstance(plan, str):
-        refuse_fallback_if_permuted(plan, q, k, v)
-    return plan
-
-
 def _sequence_sharded(*tensors: object) -> bool:
     return any(
         isinstance(t, DTensor)
@@ -87,46 +75,55 @@ def layout_is_permuted() -> bool:
 
 
 def refuse_fallback_if_permuted(reason: str, *tensors: object) -> None:
-    """The replicate fallback computes in DTensor's order: wrong for a permuted sequence."""
+    """The replicate fallback computes in DTensor's order: wrong for a permuted sequence.
+
+    Called while handling the `Unsupported` that gave `reason`; the error carries that
+    reason, so it does not chain the refusal.
+    """
     if _sequence_sharded(*tensors) and layout_is_permuted():
         raise ValueError(
             f"dt-cp: attention cannot run context parallel here ({reason}), and its exact "
             "fallback (replicate the inputs) would see the load-balanced sequence in its "
             "permuted order, which is not exact. Shard without load balancing, or fix the "
             "reason above."
-        )
+        ) from None
 
 
-def _make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan | str:
+def make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan:
+    """A plan for attention over DTensors q, k, v; `Unsupported` says why none applies.
+
+    The handler catching it falls back exactly, but first calls
+    `refuse_fallback_if_permuted`: on a load-balanced sequence that fallback is not exact.
+    """
     if not (isinstance(q, DTensor) and isinstance(k, DTensor) and isinstance(v, DTensor)):
-        return "q, k and v are not all DTensors"
+        raise Unsupported("q, k and v are not all DTensors")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        return "q, k, v are not 4-D (batch, heads, sequence, dim)"
+        raise Unsupported("q, k, v are not 4-D (batch, heads, sequence, dim)")
     mesh = q.device_mesh
     if k.device_mesh != mesh or v.device_mesh != mesh:
-        return "q, k, v live on different meshes"
+        raise Unsupported("q, k, v live on different meshes")
     pq, pk, pv = placements_of(q), placements_of(k), placements_of(v)
     if not (pq == pk == pv):
-        return f"q, k, v placements differ ({pq}, {pk}, {pv})"
+        raise Unsupported(f"q, k, v placements differ ({pq}, {pk}, {pv})")
     cp_dims = [i for i, p in enumerate(pq) if type(p) is Shard and p.dim == SEQ_DIM]
     if len(cp_dims) > 1:
-        return "the sequence is sharded over more than one mesh dim"
+        raise Unsupported("the sequence is sharded over more than one mesh dim")
     for i, p in enumerate(pq):
         if isinstance(p, Replicate) or i in cp_dims:
             continue
         if type(p) is not Shard or p.dim not in (0, 1):
-            return f"placement {p} on mesh dim {i} is not supported"
+            raise Unsupported(f"placement {p} on mesh dim {i} is not supported")
         size = mesh.size(i)
         if p.dim == 1 and (q.shape[1] % size or k.shape[1] % size):
-            return "heads are sharded unevenly"
+            raise Unsupported("heads are sharded unevenly")
         if p.dim == 0 and q.shape[0] % size:
-            return "batch is sharded unevenly"
+            raise Unsupported("batch is sharded unevenly")
         if (
             isinstance(mask, torch.Tensor)
             and mask.dim() >= 4 - p.dim
             and mask.shape[p.dim - 4] != 1
         ):
-            return "attn_mask has a batch/head dim while batch/heads are sharded"
+            raise Unsupported("attn_mask has a batch/head dim while batch/heads are sharded")
     settings = current()
     if not cp_dims:
         return CpPlan(mesh, pq, None, None, settings.algorithm)

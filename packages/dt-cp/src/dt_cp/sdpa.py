@@ -18,7 +18,7 @@ from typing import cast
 
 import torch
 from dt_core.dtensors import as_dtensor
-from dt_core.kit import bind_arguments, replicated_fallback
+from dt_core.kit import Unsupported, bind_arguments, replicated_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
 from .algorithms import Shards, run_backward, run_forward
@@ -87,14 +87,14 @@ def _spec(q: DTensor, k: DTensor, causal: object, mask: object, scale: object) -
     )
 
 
-def _plan(a: dict[str, object], mask: object) -> CpPlan | str:
+def _plan(a: dict[str, object], mask: object, bias_grad: bool = False) -> CpPlan:
+    """`make_plan`, refusing also what these kernels cannot do: dropout, and a bias that
+    needs a gradient (`bias_grad`: the backward op asks for one)."""
     plan = make_plan(a["query"], a["key"], a["value"], mask)
-    if isinstance(plan, CpPlan) and a.get("dropout_p"):
-        plan = "dropout is not supported"
-    elif isinstance(plan, CpPlan) and isinstance(mask, torch.Tensor) and mask.requires_grad:
-        plan = "attn_bias needs a gradient"
-    if isinstance(plan, str):
-        refuse_fallback_if_permuted(plan, a["query"], a["key"], a["value"])
+    if a.get("dropout_p"):
+        raise Unsupported("dropout is not supported")
+    if bias_grad or (isinstance(mask, torch.Tensor) and mask.requires_grad):
+        raise Unsupported("attn_bias needs a gradient")
     return plan
 
 
@@ -115,9 +115,11 @@ def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -
     info = FORWARD[op_call._schema.name.split("::")[-1]]
     a = bind_arguments(op_call, args, kwargs)
     mask = a[info.mask_arg] if info.mask_arg else None
-    plan = _plan(a, mask)
-    if isinstance(plan, str):
-        return replicated_fallback("cp", plan, op_call, args, kwargs, like=(a["query"],))
+    try:
+        plan = _plan(a, mask)
+    except Unsupported as exc:
+        refuse_fallback_if_permuted(str(exc), a["query"], a["key"], a["value"])
+        return replicated_fallback("cp", str(exc), op_call, args, kwargs, like=(a["query"],))
     q, k, v = _qkv(a)
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
     with torch.no_grad():
@@ -141,14 +143,13 @@ def backward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) 
     info = BACKWARD[op_call._schema.name.split("::")[-1]]
     a = bind_arguments(op_call, args, kwargs)
     mask = a[info.mask_arg] if info.mask_arg else None
-    plan = _plan(a, mask)
     wants_bias_grad = info.n_outputs == 4 and cast(Sequence[bool], a["grad_input_mask"])[3]
-    if isinstance(plan, CpPlan) and wants_bias_grad:
-        plan = "attn_bias needs a gradient"
-        refuse_fallback_if_permuted(plan, a["query"], a["key"], a["value"])
-    if isinstance(plan, str):
+    try:
+        plan = _plan(a, mask, wants_bias_grad)
+    except Unsupported as exc:
+        refuse_fallback_if_permuted(str(exc), a["query"], a["key"], a["value"])
         like = (a["query"], a["key"], a["value"])
-        return replicated_fallback("cp", plan, op_call, args, kwargs, like=like)
+        return replicated_fallback("cp", str(exc), op_call, args, kwargs, like=like)
     q, k, v = _qkv(a)
     mesh, pl = plan.mesh, plan.placements
     dout, out, lse = (to_placements(a[n], mesh, pl) for n in (info.grad_arg, "out", info.lse_arg))

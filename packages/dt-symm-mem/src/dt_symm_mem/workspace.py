@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from dt_core.kit import Unsupported
 
 from dt_symm_mem import segment
 from dt_symm_mem.settings import settings
@@ -417,36 +418,37 @@ def _created(kind: str, where: str) -> None:
 
 def _share_from_rank0(
     group: Any,
-    create: Callable[[], tuple[Any, mmap.mmap] | str],
-    open_peer: Callable[[Any], mmap.mmap | str],
+    create: Callable[[], tuple[Any, mmap.mmap]],
+    open_peer: Callable[[Any], mmap.mmap],
     release: Callable[[Any, bool], None],
-) -> tuple[mmap.mmap, Any] | str:
+) -> tuple[mmap.mmap, Any]:
     """Collective: group rank 0 creates a segment (`create()`: its shareable handle and
-    mapping, or why it failed), broadcasts the handle, the peers map it (`open_peer`), and
-    every rank all-gathers how it went, so all reach the same result. `release(handle,
-    aborted)` runs on every rank at the end; aborted is True when this rank raised mid-way
-    (a peer died, maybe the creator), so any rank that knows the handle can clean up.
-    Returns (mapping, handle) or the common reason it failed."""
+    mapping), broadcasts the handle, the peers map it (`open_peer`), and every rank
+    all-gathers how it went, so all reach the same result. `release(handle, aborted)` runs
+    on every rank at the end; aborted is True when this rank raised mid-way (a peer died,
+    maybe the creator), so any rank that knows the handle can clean up.
+    Returns (mapping, handle); raises `Unsupported` with the common reason it failed.
+
+    `create` and `open_peer` raise `Unsupported` saying why they failed; this catches it
+    where it happens, as one rank's refusal is data here: every rank must learn it."""
     handle: Any = None
     mm: mmap.mmap | None = None
     error: str | None = None
     if group.rank() == 0:
-        made = create()
-        if isinstance(made, str):
-            error = made
-        else:
-            handle, mm = made
+        try:
+            handle, mm = create()
+        except Unsupported as exc:
+            error = str(exc)
     aborted = True
     try:
         box: list[Any] = [(handle, error)]
         dist.broadcast_object_list(box, group_src=0, group=group)
         handle, error = box[0]
         if handle is not None and mm is None:
-            opened = open_peer(handle)
-            if isinstance(opened, str):
-                error = opened
-            else:
-                mm = opened
+            try:
+                mm = open_peer(handle)
+            except Unsupported as exc:
+                error = str(exc)
         results: list[Any] = [None] * group.size()
         dist.all_gather_object(results, error, group=group)
         aborted = False
@@ -456,61 +458,61 @@ def _share_from_rank0(
     if errors or mm is None or handle is None:
         if mm is not None:
             mm.close()
-        return "; ".join(errors) or "no segment"
+        raise Unsupported("; ".join(errors) or "no segment")
     return mm, handle
 
 
-def _map_anonymous(group: Any, total: int) -> tuple[mmap.mmap, str] | str:
+def _map_anonymous(group: Any, total: int) -> tuple[mmap.mmap, str]:
     """Group rank 0 makes a memfd; the peers open it through /proc while rank 0 holds the
     fd; rank 0 closes it once every rank has answered. Collective; returns the mapping and
-    its description, or the (common) reason it failed."""
+    its description, or raises `Unsupported` with the (common) reason it failed."""
     fds: list[int] = []
 
-    def create() -> tuple[segment.AnonymousSegment, mmap.mmap] | str:
+    def create() -> tuple[segment.AnonymousSegment, mmap.mmap]:
         if not segment.memfd_supported():
-            return "this host has no memfd_create or no /proc"
+            raise Unsupported("this host has no memfd_create or no /proc")
         try:
             fd, described, mm = segment.create_anonymous(total)
         except OSError as err:
-            return f"creating an anonymous {total}-byte segment failed: {err}"
+            raise Unsupported(f"creating an anonymous {total}-byte segment failed: {err}") from err
         fds.append(fd)
         _created("memfd", described.proc_path)
         return described, mm
 
-    def open_peer(described: segment.AnonymousSegment) -> mmap.mmap | str:
+    def open_peer(described: segment.AnonymousSegment) -> mmap.mmap:
         try:
             return segment.open_anonymous(described, total)
         except (OSError, ValueError) as err:
-            return f"rank {group.rank()} cannot open the creator's memfd: {err}"
+            raise Unsupported(
+                f"rank {group.rank()} cannot open the creator's memfd: {err}"
+            ) from err
 
     def release(_described: Any, _aborted: bool) -> None:
         for fd in fds:
             os.close(fd)  # every rank mapped it (or failed, or died): the memory lives on
 
-    shared = _share_from_rank0(group, create, open_peer, release)
-    if isinstance(shared, str):
-        return shared
-    mm, described = shared
+    mm, described = _share_from_rank0(group, create, open_peer, release)
     return mm, described.describe()
 
 
-def _map_named(group: Any, total: int) -> tuple[mmap.mmap, str] | str:
-    """Create (group rank 0), broadcast the name, attach, unlink: collective."""
+def _map_named(group: Any, total: int) -> tuple[mmap.mmap, str]:
+    """Create (group rank 0), broadcast the name, attach, unlink: collective. Raises
+    `Unsupported` with the (common) reason it failed."""
 
-    def create() -> tuple[str, mmap.mmap] | str:
+    def create() -> tuple[str, mmap.mmap]:
         try:
             name = segment.new_name()
             mm = segment.create(name, total)
         except OSError as err:
-            return f"creating a {total}-byte segment failed: {err}"
+            raise Unsupported(f"creating a {total}-byte segment failed: {err}") from err
         _created("named", name)
         return name, mm
 
-    def open_peer(name: str) -> mmap.mmap | str:
+    def open_peer(name: str) -> mmap.mmap:
         try:
             return segment.attach(name, total)
         except (OSError, ValueError) as err:
-            return f"attaching to the segment failed: {err}"
+            raise Unsupported(f"attaching to the segment failed: {err}") from err
 
     def release(name: str | None, aborted: bool) -> None:
         # Normally rank 0 unlinks once every rank has mapped it (or failed); when a peer
@@ -521,21 +523,27 @@ def _map_named(group: Any, total: int) -> tuple[mmap.mmap, str] | str:
     return _share_from_rank0(group, create, open_peer, release)
 
 
-def _map_segment(state: _GroupState, buffer_bytes: int, timeout: float) -> ShmSymmMemory | str:
+def _map_segment(state: _GroupState, buffer_bytes: int, timeout: float) -> ShmSymmMemory:
     """A fresh segment for the group: anonymous (memfd) unless some rank could not use
     it, then named in /dev/shm (and named from then on). Collective; every rank reaches
-    the same decision because each step ends with an all-gather of every rank's result."""
+    the same decision because each step ends with an all-gather of every rank's result.
+    Raises `Unsupported` when neither kind can be set up."""
     group = state.group
     total = _segment_bytes(group, buffer_bytes)
     if state.memfd_problem is None:
-        result = _map_anonymous(group, total)
-        if not isinstance(result, str):
-            return ShmSymmMemory(group, result[0], result[1], buffer_bytes, timeout, "memfd")
-        state.memfd_problem = result
-    result = _map_named(group, total)
-    if isinstance(result, str):
-        return f"{result} (after anonymous segments failed: {state.memfd_problem})"
-    return ShmSymmMemory(group, result[0], result[1], buffer_bytes, timeout, "named")
+        try:
+            mm, described = _map_anonymous(group, total)
+        except Unsupported as exc:  # not a refusal yet: named segments may still work
+            state.memfd_problem = str(exc)
+        else:
+            return ShmSymmMemory(group, mm, described, buffer_bytes, timeout, "memfd")
+    try:
+        mm, name = _map_named(group, total)
+    except Unsupported as exc:
+        raise Unsupported(
+            f"{exc} (after anonymous segments failed: {state.memfd_problem})"
+        ) from exc
+    return ShmSymmMemory(group, mm, name, buffer_bytes, timeout, "named")
 
 
 def _state(group: Any) -> _GroupState:
@@ -568,10 +576,11 @@ def get_workspace(group: Any, min_bytes: int) -> ShmSymmMemory | None:
     previous = handle.buffer_bytes if handle is not None else 0
     size = _round_size(min_bytes, previous)
     timeout = handle.timeout if handle is not None else default_timeout()
-    result = _map_segment(state, size, timeout)
-    if isinstance(result, str):
+    try:
+        result = _map_segment(state, size, timeout)
+    except Unsupported as exc:
         # Every rank got the same all-gathered reason, so all fall back together.
-        state.fallback_reason = f"setting up shared memory failed: {result}"
+        state.fallback_reason = f"setting up shared memory failed: {exc}"
         state.handle = None
         warnings.warn(
             f"dt-symm-mem: group {group.group_name!r} uses the process group's ordinary "

@@ -3,6 +3,8 @@
 - `bind_arguments` / `bind_positional`: op arguments by the op's schema.
 - `replicated_fallback`, `warn_fallback`, `reshard_like`, `replicated`: the exact path
   for cases a handler cannot shard, warned once per op and reason (`FallbackWarning`).
+- `Unsupported`: a planning step's refusal (the reason), caught once per handler, which
+  then falls back (`replicated_fallback`) or raises the user-facing error.
 - `hand_to_torch`: torch's own dispatch for the cases torch gets right.
 - `SettingsStore`: a plugin's settings dataclass, from `DT_<PLUGIN>_<NAME>` variables,
   `configure()` and `scoped()` blocks; listed by `dt-plugins list --settings`.
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+from ..errors import Unsupported
 from .arguments import bind_arguments, bind_positional
 from .counters import Counters, reset_stats, stats
 from .fallback import (
@@ -28,6 +31,7 @@ __all__ = [
     "Counters",
     "FallbackWarning",
     "SettingsStore",
+    "Unsupported",
     "bind_arguments",
     "bind_positional",
     "forget_fallback_warnings",
