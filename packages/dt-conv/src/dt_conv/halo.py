@@ -144,18 +144,20 @@ def _packed(
 ) -> tuple[Any, ...]:
     send_rows = [pieces[r].shape[dim] if r in pieces else 0 for r in range(parts)]
     recv_rows = [recvs.get(r, 0) for r in range(parts)]
-    # Each exchange sends from a buffer of its own (`torch.empty`, which graph CSE never
-    # merges), filled from `like` even when empty: two exchanges whose sends are equal on
-    # one rank (both empty, say) must stay two collectives on every rank, and a send of
-    # nothing must still depend on the data, or a partitioner moves that rank's backward
-    # exchange into the forward graph. Either way the ranks' graphs would disagree on the
-    # order of collectives and deadlock (torch 2.14's aot_eager partitions with CSE).
     if pieces:
         source = torch.cat([pieces[r].movedim(dim, 0) for r in sorted(pieces)])
     else:
         source = like.movedim(dim, 0).narrow(0, 0, 0)
+    if not is_tracing(source):
+        return (source.contiguous(), *send_rows, *recv_rows)
+    # Traced, each exchange sends from a buffer of its own (`torch.empty`, which graph CSE
+    # never merges), filled from `like` even when empty and, in a backward handler, from
+    # the gradient: two exchanges whose sends are equal on one rank (both empty, say) must
+    # stay two collectives on every rank, and a send must depend on what its rank's
+    # graph computes it from, or a partitioner moves it between forward and backward on
+    # one rank only (see `traced_exchanges`).
     anchor = _GRADIENT.get()
-    if anchor is not None and is_tracing(source):
+    if anchor is not None:
         source = source + anchor.narrow(0, 0, 0).sum().to(source.dtype)
     send = torch.empty(source.shape, dtype=like.dtype, device=like.device)
     send.copy_(source)

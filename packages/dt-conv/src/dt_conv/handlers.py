@@ -58,9 +58,10 @@ HANDLERS: dict[str, Handler] = {
 def handle(name: str, op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     """`aten.<name>` on DTensors. Bad arguments raise torch's own error on every rank first
     (a backward op runs only after its forward passed the check); calls torch computes
-    right go to torch (`ownership`). Under an enabled
-    LocalTensorMode the handlers run sharded (`dt_conv.ranks`); LocalTensors outside an
-    enabled mode have no mesh coordinate to read and take the replicated path."""
+    right go to torch (`ownership`). Under an enabled LocalTensorMode the handlers run
+    sharded (`dt_conv.ranks`); LocalTensors outside an enabled mode have no mesh
+    coordinate to read and take the replicated path. Traced, the exchanges stay where
+    every rank puts them (`halo.traced_exchanges`)."""
     if not name.endswith("_backward"):
         raise_like_torch(op_call, args, kwargs)
     if torch_owns(name, args, kwargs):
