@@ -89,12 +89,18 @@ def test_all_lists_every_cell() -> None:
 
 
 def test_cells_match_the_hatch_test_matrix() -> None:
-    """The workflow's cells are hatch environments: test.<cell> for all but lint."""
+    """The workflow's cells are hatch environments: test.<torch>-<cell> for all but lint,
+    on the same torch axis as hatch's matrix."""
+    import re
+
     import tomllib
 
     affected = load_affected()
     matrix = tomllib.loads((ROOT / "hatch.toml").read_text())["envs"]["test"]["matrix"]
     assert sorted([*matrix[0]["package"], "lint"]) == sorted(affected.all_cells())
     workflow = (ROOT / ".github/workflows/ci.yml").read_text()
-    assert "hatch run test.${{ matrix.cell }}:run" in workflow
+    assert "hatch run test.${{ matrix.torch }}-${{ matrix.cell }}:run" in workflow
+    axis = re.search(r"^\s+torch: \[(.*)\]$", workflow, re.M)
+    assert axis, "the workflow has no torch axis"
+    assert [t.strip().strip('"') for t in axis.group(1).split(",")] == matrix[0]["torch"]
     assert "hatch run lint:check" in workflow
