@@ -139,7 +139,20 @@ def order_after(graph: Any, extra_deps: Mapping[Any, Sequence[Any]]) -> None:
     """Make each node of `extra_deps` run after the given nodes of the same post-grad FX
     graph (torch's control_deps wrapper, which Inductor schedules and never fuses across)."""
     ensure_supported_torch(CHECKED_WITH_TORCH)
-    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch._inductor.fx_passes.control_dependencies import (
+        control_deps,
+        preserve_node_ordering,
+    )
     from torch.utils._ordered_set import OrderedSet
 
-    preserve_node_ordering(graph, {n: OrderedSet(deps) for n, deps in extra_deps.items()})
+    # A node another pass already ordered is a control_deps call: wrapping it again would
+    # hand Inductor a subgraph as an operand (torch 2.14: "realize NYI on Subgraph"), so
+    # its existing dependencies are extended instead.
+    to_wrap = {}
+    for node, deps in extra_deps.items():
+        if node.target is control_deps:
+            current = tuple(node.args[0])
+            node.args = (current + tuple(d for d in deps if d not in current), *node.args[1:])
+        else:
+            to_wrap[node] = OrderedSet(deps)
+    preserve_node_ordering(graph, to_wrap)
