@@ -302,3 +302,12 @@ def test_lazy_public_names_resolve_to_their_modules_and_unknown_ones_raise() -> 
     assert "activate" in vars(dt_core)  # kept on the package after the first access
     with pytest.raises(AttributeError, match="module 'dt_core' has no attribute 'nope'"):
         dt_core.nope  # noqa: B018
+
+
+def test_torch_has_tells_present_from_missing_private_names() -> None:
+    from dt_core.compat import torch_has
+
+    assert torch_has("torch.distributed.tensor._dispatch", "OpDispatcher")
+    assert torch_has("torch.nn.attention.flex_attention", "_validate_device")
+    assert not torch_has("torch.distributed.tensor._dispatch", "OpDispatcher.no_such_method")
+    assert not torch_has("torch.no_such_module", "anything")
