@@ -34,9 +34,18 @@ def run_demo(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
+def rank_log_tails(out: Path, lines: int = 40) -> str:
+    """The end of each rank's log: where a rank that crashed in C++ says why."""
+    tails = []
+    for log in sorted(out.glob("rank-*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        tails.append(f"--- {log.name} ---\n" + "\n".join(tail))
+    return "\n".join(tails)
+
+
 def test_small_demo_passes_every_installed_stage(tmp_path: Path) -> None:
     done = run_demo("--size", "small", "--out", str(tmp_path))
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr + rank_log_tails(tmp_path)
     table = done.stdout[done.stdout.index("| feature") :]
     for package, module in PLUGINS.items():
         row = next(line for line in table.splitlines() if line.startswith(f"| {package} |"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import importlib
 import importlib.util
 import json
@@ -63,6 +64,8 @@ def _redirect_rank_output(out: Path) -> Path:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # A rank that dies in C++ (SIGABRT, SIGSEGV) leaves its Python stack in its log.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     return log
 
 
@@ -255,6 +258,9 @@ def main() -> int:
         written = _write_results(rows, table, out)
         _say("written: " + ", ".join(os.path.relpath(p) for p in written))
     _say(f"rank logs (torch's warnings, tracebacks): {log.parent}/rank-*.log")
+    # Rank 0 writes files and plots while the others are done: without a barrier they
+    # tear their gloo pairs down under rank 0's feet.
+    dist.barrier()
     dist.destroy_process_group()
     return 0 if passed else 1
 

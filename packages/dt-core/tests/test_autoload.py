@@ -285,6 +285,18 @@ def test_untested_torch_warns_once_leaves_torch_working_and_fails_check(version:
     assert f"problem: torch {version} is outside" in result.stdout
 
 
+def test_untested_torch_with_the_override_activates_and_check_passes_with_a_note() -> None:
+    result = run_python(
+        UNTESTED_TORCH.format(version="2.15.0"), DT_PLUGINS_ALLOW_UNTESTED_TORCH="1"
+    )
+    assert lines(result, "WARNINGS") == ["0"]
+    (states,) = lines(result, "STATES")
+    assert "'sample': 'active'" in states
+    assert lines(result, "CHECK_EXIT") == ["0"]
+    assert "note: torch 2.15.0 is outside the tested releases" in result.stdout
+    assert "problem:" not in result.stdout
+
+
 @pytest.mark.parametrize(
     "version", ["2.13.0", "2.13.0+cpu", "2.13.1", "2.13.0a0+git123", "2.14.1+cu130", "2.14.2"]
 )

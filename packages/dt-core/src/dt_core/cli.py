@@ -61,12 +61,15 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def check_problems(infos: list[PluginInfo]) -> list[str]:
-    """Everything that stops the installed plugins (`infos`) from working, as lines."""
+    """Everything that stops the installed plugins (`infos`) from working, as lines.
+
+    An untested torch the user opted into (the override) is no problem: the plugins run.
+    """
     from dt_core import activation
-    from dt_core.compat.torch_version import torch_version_problem
+    from dt_core.compat.torch_version import torch_version_problem, untested_torch_allowed
 
     problems = []
-    version_problem = torch_version_problem()
+    version_problem = None if untested_torch_allowed() else torch_version_problem()
     if version_problem:
         problems.append(version_problem)
     for info in infos:
@@ -90,6 +93,20 @@ def _check(args: argparse.Namespace) -> int:
             print(f"problem: {line}")
         print(f"dt-plugins check: {len(problems)} problem(s) among {count} plugin(s)")
         return 1
+    from dt_core.compat.torch_version import (
+        ALLOW_UNTESTED_ENV,
+        TESTED_TORCH_SPEC,
+        torch_version,
+        torch_version_problem,
+    )
+
+    if torch_version_problem():
+        print(
+            f"note: torch {torch_version()} is outside the tested releases "
+            f"({TESTED_TORCH_SPEC}); the plugins run because {ALLOW_UNTESTED_ENV}=1"
+        )
+        print(f"dt-plugins check: ok ({count} plugin(s), on an untested torch by request)")
+        return 0
     print(f"dt-plugins check: ok ({count} plugin(s), torch in the tested range)")
     return 0
 
