@@ -116,3 +116,47 @@ def test_scaled_ops_trace_with_torchs_meta_kernels() -> None:
     want = block(x, B, s)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.ranks(2, timeout=600)
+def test_reduce_scatter_of_summed_matmuls_fuses_into_one_fused_op() -> None:
+    """SwiGLU's and q/k/v's input gradients: `A1 @ B1 + A2 @ B2 (+ A3 @ B3)` summed before
+    the reduce-scatter. Each sum becomes one fused matmul-reduce-scatter (2-D and torch's
+    N-D reshape form, three and two terms); a sum whose matmul is used elsewhere stays
+    as it was. Integer-valued inputs: every result equals eager exactly."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from dt_symm_mem import ops
+
+    group = dist.group.WORLD
+    rank = dist.get_rank()
+
+    def grads(a, b, c, x, y, B1, B2, B3):  # type: ignore[no-untyped-def]
+        flat = a @ B1 + b @ B2 + c @ B3  # 2-D, three terms, scatter dim 0
+        seq = x @ B1 + y @ B2  # N-D [2, 4, 6], scatter dim 1
+        kept = a @ B2
+        shared = funcol.reduce_scatter_tensor(kept + b @ B1, "sum", 0, group)
+        return (
+            funcol.reduce_scatter_tensor(flat, "sum", 0, group),
+            funcol.reduce_scatter_tensor(seq, "sum", 1, group),
+            shared,
+            kept,
+        )
+
+    gen = torch.Generator().manual_seed(rank)
+
+    def ints(*shape: int) -> torch.Tensor:
+        return torch.randint(-2, 3, shape, generator=gen).float()
+
+    a, b, c = ints(8, 5), ints(8, 5), ints(8, 5)
+    x, y = ints(2, 4, 5), ints(2, 4, 5)
+    weights = torch.Generator().manual_seed(7)
+    B1, B2, B3 = (torch.randint(-2, 3, (5, 6), generator=weights).float() for _ in range(3))
+    torch._dynamo.reset()
+    before = ops.counters.snapshot()
+    got = torch.compile(grads, fullgraph=True)(a, b, c, x, y, B1, B2, B3)
+    calls = ops.counters.changes(before)
+    assert calls.get("fused_matmul_reduce_scatter") == 2, calls
+    want = grads(a, b, c, x, y, B1, B2, B3)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and torch.equal(g, w)

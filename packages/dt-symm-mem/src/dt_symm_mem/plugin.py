@@ -71,6 +71,12 @@ def _fuse(graph: Any) -> None:
     fuse_cpu_collective_matmuls(graph)
 
 
+def _merge_sums(graph: Any) -> None:
+    from dt_symm_mem.summed_matmuls import merge_summed_matmuls_before_reduce_scatter
+
+    merge_summed_matmuls_before_reduce_scatter(graph)
+
+
 def _settings() -> dict[str, Any]:
     from dt_symm_mem.settings import settings
 
@@ -83,6 +89,15 @@ def dt_graph_passes() -> list[GraphPass]:
 
     here = Path(__file__).parent
     sources = [str(here / "compile_pass.py")]
+    merge_sources = [str(here / "summed_matmuls.py"), str(here / "compat.py")]
     return [
-        GraphPass("fuse-cpu-collective-matmul", _fuse, settings=_settings, source_files=sources)
+        # before torch's micro-pipeline pass, so on CUDA torch's fusion sees one matmul too
+        GraphPass(
+            "merge-summed-matmuls",
+            _merge_sums,
+            stage="post_grad_pre",
+            settings=_settings,
+            source_files=merge_sources,
+        ),
+        GraphPass("fuse-cpu-collective-matmul", _fuse, settings=_settings, source_files=sources),
     ]

@@ -1,0 +1,187 @@
+"""Inductor post-grad pass, run before the micro-pipeline fusion: a reduce-scatter of a
+SUM of matmuls becomes a reduce-scatter of ONE matmul, which the fusion then turns into
+torch's `symm_mem::fused_matmul_reduce_scatter`.
+
+Why: in backward, the input gradient of a SwiGLU FFN (and of attention's q/k/v
+projections) is `g1 @ W1 + g3 @ W3 (+ ...)`, summed before the sequence-parallel
+reduce-scatter. torch's matcher looks for a reduce-scatter fed by one matmul and finds
+none there, so those reduce-scatters stay exposed. The sum of products is one product
+over the concatenated inner dimension:
+
+    A1 @ B1 + A2 @ B2 == cat([A1, A2], -1) @ cat([B1, B2], 0)
+
+exact in arithmetic (the same products, summed in one matmul's order instead of two
+matmuls and an add), with one reduce-scatter of the same size as before. The cats copy
+the operands once; the matmul is unchanged in work.
+
+Only sums whose every term is a single-use matmul (2-D `mm`, or torch's N-D form
+`reshape -> mm -> reshape`) of one dtype are merged; anything else is left as it was.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dt_symm_mem import compat
+from dt_symm_mem.settings import settings
+
+aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class _Term:
+    """One summand `a @ b`: `a` is 2-D (plain mm) or N-D (reshaped to rows for the mm)."""
+
+    a: Any
+    b: Any
+    nodes: tuple[Any, ...]  # the term's own nodes, output first: removed once unused
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if hasattr(node, "meta") else None
+
+
+def _term(node: Any) -> _Term | None:
+    """`node` as a single-use matmul term, or None."""
+    if len(node.users) != 1:
+        return None
+    if node.target is aten.mm.default:
+        return _Term(node.args[0], node.args[1], (node,))
+    if node.target is not aten.reshape.default:
+        return None
+    mm = node.args[0]
+    if getattr(mm, "target", None) is not aten.mm.default or len(mm.users) != 1:
+        return None
+    rows = mm.args[0]
+    if getattr(rows, "target", None) is not aten.reshape.default:
+        return None
+    a, out, flat = _val(rows.args[0]), _val(node), _val(rows)
+    if a is None or out is None or flat is None:
+        return None
+    lead = tuple(a.shape[:-1])
+    # torch's N-D form: rows = a viewed as [prod(lead), K], out = mm viewed as [*lead, N]
+    if tuple(out.shape[:-1]) != lead or tuple(flat.shape) != (math.prod(lead), a.shape[-1]):
+        return None
+    return _Term(rows.args[0], mm.args[1], (node, mm, rows))
+
+
+def _summands(node: Any, root: bool = True) -> list[Any] | None:
+    """The leaves of an add tree rooted at `node` (inner adds single-use), or None."""
+    if node.target is not aten.add.Tensor or node.kwargs.get("alpha", 1) != 1:
+        return None if root else [node]
+    if not root and len(node.users) != 1:
+        return [node]
+    leaves: list[Any] = []
+    for arg in node.args[:2]:
+        if not isinstance(arg, torch.fx.Node):
+            return None
+        below = _summands(arg, root=False)
+        if below is None:
+            return None
+        leaves.extend(below)
+    return leaves
+
+
+def _mergeable(terms: list[_Term], out: Any) -> bool:
+    """Same form, dtype and rows for every term, and their sum is `out`'s shape."""
+    vals = [(_val(t.a), _val(t.b)) for t in terms]
+    if any(a is None or b is None or b.dim() != 2 for a, b in vals):
+        return False
+    nd = [len(t.nodes) == 3 for t in terms]
+    if len(set(nd)) != 1 or (not nd[0] and any(a.dim() != 2 for a, _ in vals)):
+        return False
+    first_a, first_b = vals[0]
+    return all(
+        a.dtype == first_a.dtype == b.dtype
+        and a.device == first_a.device
+        and tuple(a.shape[:-1]) == tuple(first_a.shape[:-1])
+        and a.shape[-1] == b.shape[0]
+        and b.shape[1] == first_b.shape[1]
+        for a, b in vals
+    ) and tuple(out.shape) == (*first_a.shape[:-1], first_b.shape[1])
+
+
+def _call(graph: Any, target: Any, *args: Any) -> Any:
+    """A new node computing `target(*args)`, with its example value (FakeTensors compute
+    on their own mode) for the passes that read it."""
+    node = graph.call_function(target, args)
+    node.meta["val"] = target(*(_example(a) for a in args))
+    return node
+
+
+def _example(arg: Any) -> Any:
+    if isinstance(arg, torch.fx.Node):
+        return _val(arg)
+    if isinstance(arg, list):
+        return [_example(a) for a in arg]
+    return arg
+
+
+def merge_sum(graph: Any, root: Any) -> bool:
+    """Rewrite the add tree at `root` into one matmul if every leaf is a matmul term."""
+    leaves = _summands(root)
+    if leaves is None or len(leaves) < 2:
+        return False
+    terms = [_term(leaf) for leaf in leaves]
+    out = _val(root)
+    if out is None or any(t is None for t in terms):
+        return False
+    found = [t for t in terms if t is not None]
+    if not _mergeable(found, out):
+        return False
+    with graph.inserting_before(root):
+        a = _call(graph, aten.cat.default, [t.a for t in found], -1)
+        b = _call(graph, aten.cat.default, [t.b for t in found], 0)
+        if len(found[0].nodes) == 3:
+            rows = math.prod(out.shape[:-1])
+            flat = _call(graph, aten.reshape.default, a, [rows, _val(a).shape[-1]])
+            mm = _call(graph, aten.mm.default, flat, b)
+            merged = _call(graph, aten.reshape.default, mm, list(out.shape))
+        else:
+            merged = _call(graph, aten.mm.default, a, b)
+    root.replace_all_uses_with(merged)
+    _erase_unused([root, *_inner_adds(root), *(n for t in found for n in t.nodes)])
+    return True
+
+
+def _inner_adds(root: Any) -> list[Any]:
+    inner = []
+    for arg in root.args[:2]:
+        if getattr(arg, "target", None) is aten.add.Tensor and len(arg.users) == 1:
+            inner.extend([arg, *_inner_adds(arg)])
+    return inner
+
+
+def _erase_unused(nodes: list[Any]) -> None:
+    """Erase the nodes that nothing uses any more (users before their inputs)."""
+    pending = list(nodes)
+    while pending:
+        unused = [n for n in pending if not n.users]
+        if not unused:
+            return
+        for node in unused:
+            node.graph.erase_node(node)
+            pending.remove(node)
+
+
+def _fusion_follows(input_node: Any, group_name: str) -> bool:
+    """Merge only where a fusion will take the merged matmul: this plugin's pass for CPU
+    groups, torch's own micro-pipeline pass for accelerator groups it fuses."""
+    value = _val(input_node)
+    if value is None:
+        return False
+    if value.device.type == "cpu":
+        return settings.current().compile_pass
+    return compat.torch_fuses_group(group_name)
+
+
+def merge_summed_matmuls_before_reduce_scatter(graph: Any) -> None:
+    """The pass: every reduce-scatter fed by a sum of matmuls gets one matmul."""
+    for match in compat.find_reduce_scatter_matches(graph):
+        input_node, group_name = compat.reduce_scatter_match_parts(match)
+        if _fusion_follows(input_node, group_name):
+            merge_sum(graph, input_node)
