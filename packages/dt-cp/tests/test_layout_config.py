@@ -158,3 +158,16 @@ def test_flex_on_plain_tensors_applies_mask_mod() -> None:
     with pytest.raises(ValueError, match="not both"):
         block_mask = dt_cp.create_block_mask(mask, None, None, 8, 8)
         dt_cp.flex_attention(q, k, v, mask_mod=mask, block_mask=block_mask)
+
+
+def test_head_tail_layout_is_planned_on_real_tensors_while_a_graph_is_traced() -> None:
+    """A block compiled before any eager call plans torch's head-tail layout under
+    Dynamo's fake tensors: the plan must not depend on (fake) tensor data."""
+    from dt_cp.torch_cp import _balanced
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _balanced.cache_clear()
+    with FakeTensorMode():
+        layout = _balanced(16, 2)
+    # head-tail on 2 ranks: rank 0 holds quarters 0 and 3, rank 1 quarters 1 and 2
+    assert layout.explicit == (((0, 4), (12, 4)), ((4, 8),))

@@ -14,6 +14,7 @@ import datetime
 import functools
 
 import torch
+from dt_core.compat.tracing import no_dispatch_modes
 
 from .compat.context_parallel import (
     TorchCpState,
@@ -63,8 +64,11 @@ def active_state(settings: Settings) -> TorchCpState | None:
 
 @functools.lru_cache(maxsize=64)
 def _balanced(length: int, parts: int) -> SequenceLayout:
+    """Planning metadata, computed on real tensors even while a graph is traced (under
+    Dynamo's fake tensors the permutation check would be data-dependent)."""
     sizes = [length // parts] * parts
-    return from_permutation(default_balancer_indices(length, parts), sizes)
+    with no_dispatch_modes():
+        return from_permutation(default_balancer_indices(length, parts), sizes)
 
 
 def declared_layout(settings: Settings, length: int, parts: int, what: str) -> SequenceLayout:
