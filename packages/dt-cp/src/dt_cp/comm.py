@@ -60,10 +60,13 @@ def reduce_scatter_seq(x: torch.Tensor, dim: int, sizes: Sequence[int], group: s
         return total
     longest = max(sizes)
     pieces = [_pad_to(x.narrow(dim, starts[i], n), dim, longest) for i, n in enumerate(sizes)]
-    stacked = torch.cat(pieces, dim).contiguous()
-    out = (torch.zeros_like if is_fake_group(pg) else torch.empty_like)(pieces[0])
+    # One piece per rank along a new leading dim: the backend splits its input into
+    # contiguous chunks (NCCL by flat offset, the fake backend along dim 0), so each
+    # chunk must be one rank's piece whole (concatenating along `dim` interleaves them).
+    stacked = torch.stack(pieces)
+    out = (torch.zeros_like if is_fake_group(pg) else torch.empty_like)(stacked[:1])
     dist.reduce_scatter_tensor(out, stacked, group=pg)
-    return out.narrow(dim, 0, sizes[rank]).clone()
+    return out[0].narrow(dim, 0, sizes[rank]).clone()
 
 
 # Most messages one tensor of an exchange is split into (see `RingStep`); a tensor with
