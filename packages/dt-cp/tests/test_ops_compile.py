@@ -69,3 +69,28 @@ def test_compiled_forward_matches_eager_reference() -> None:
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     messages = [str(w.message) for w in caught if "dt-cp" in str(w.message)]
     assert any("torch.compile" in m for m in messages), messages  # ring -> all-gather, said
+
+
+@pytest.mark.ranks(2)
+def test_reduce_scatter_through_the_backends_collective_keeps_each_ranks_rows() -> None:
+    """The path for backends with a reduce-scatter (NCCL, the fake backend), run here on
+    gloo's: each rank gets the sum of its own rows (the input was once concatenated along
+    the sequence dim, which such backends split in the wrong place)."""
+    import torch.distributed as dist
+    from dt_cp import comm
+
+    mesh = cpu_mesh(2)
+    group = mesh.get_group(0).group_name
+    rank = dist.get_rank()
+    sizes = [3, 2]  # uneven: padded pieces
+    full = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    total = full.clone()
+    dist.all_reduce(total)
+    start = sum(sizes[:rank])
+    saved = dist.get_backend
+    dist.get_backend = lambda group=None: "nccl"  # type: ignore[assignment]  # not gloo's path
+    try:
+        got = comm.reduce_scatter_seq(full, 2, sizes, group)
+    finally:
+        dist.get_backend = saved
+    assert torch.equal(got, total[:, :, start : start + sizes[rank]])

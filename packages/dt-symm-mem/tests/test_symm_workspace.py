@@ -21,11 +21,12 @@ HERE = Path(__file__).parent
 def test_workspace_grows_on_demand_and_leaves_nothing_in_dev_shm() -> None:
     import dt_symm_mem
     import torch.distributed as dist
-    from dt_symm_mem import segment
+    from dt_symm_mem import ops, segment
     from dt_symm_mem.workspace import MIN_BUFFER_BYTES, get_workspace
 
     group = dist.new_group([0, 1])  # a fresh group: a fresh workspace
     rank = dist.get_rank()
+    created = ops.counters.get("workspace_segments")
     names, sizes = [], []
     # A reduce-scatter of 2n floats moves n floats to each rank through the buffers.
     # (Large all-gathers stream through a fixed ring and never grow them.)
@@ -40,6 +41,7 @@ def test_workspace_grows_on_demand_and_leaves_nothing_in_dev_shm() -> None:
         sizes.append(handle.buffer_bytes)
     assert sizes[0] == MIN_BUFFER_BYTES and sizes[-1] > sizes[0]
     assert len(set(names)) == 3, names  # 1 MiB, then grown twice (2 MiB -> 4 MiB)
+    assert ops.counters.get("workspace_segments") - created == 3  # each one counted
     assert handle.mechanism == "memfd"  # Linux with /proc: anonymous segments
     assert sizes == sorted(sizes)
     # Every segment was unlinked once all ranks had mapped it.

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 from dt_core.compat import tracing
+from dt_core.compat.process_groups import is_fake_group
 from dt_core.dtensors import as_dtensor
 from dt_core.kit import Counters
-from dt_core.tracing import is_tracing
+from dt_core.tracing import is_tracing, simulates_ranks
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
@@ -180,7 +181,12 @@ def _received(out: torch.Tensor | None, dim: int, recv_rows: list[int]) -> dict[
 class _AllToAll:
     """One started all-to-all along a split's tensor dim: `packed` is a `_packed` tuple
     (per-rank values under LocalTensorMode); `wait()` gives the flat result, which
-    per-rank code splits with `_received`."""
+    per-rank code splits with `_received`.
+
+    On torch's fake backend outside LocalTensorMode (a dry run: one process, its peers
+    exist only in name) nothing is exchanged: the halos absent peers would send are zeros.
+    The fake backend rejects an all-to-all that receives rows but sends none (a window
+    reaching one way, as a valid or strided conv's), which torch alone never issues."""
 
     def __init__(self, mesh: DeviceMesh, split: DimSplit, packed: tuple[Any, ...]) -> None:
         ranks.mode_level("a halo exchange")
@@ -188,10 +194,14 @@ class _AllToAll:
         _count(send)
         send_rows, recv_rows = sizes[: split.parts], sizes[split.parts :]
         group = mesh.get_group(split.mesh_dim)
-        self.started = tracing.start_all_to_all(send, recv_rows, send_rows, group)
+        self.absent = is_fake_group(group) and not simulates_ranks(send)
+        if self.absent:
+            self.started = send.new_zeros((sum(recv_rows), *send.shape[1:]))
+        else:
+            self.started = tracing.start_all_to_all(send, recv_rows, send_rows, group)
 
     def wait(self) -> torch.Tensor:
-        out: torch.Tensor = tracing.wait(self.started)
+        out: torch.Tensor = self.started if self.absent else tracing.wait(self.started)
         kept = _RECEIVED.get()
         if kept is not None and out.shape[0] == 0 and is_tracing(out):
             kept.append(out)  # a rank that receives nothing never uses the result

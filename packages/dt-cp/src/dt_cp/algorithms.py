@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+from dt_core.compat.process_groups import is_fake_group
 from dt_core.tracing import is_tracing
 
 from . import blocks
@@ -258,18 +259,35 @@ def _item_ranges(shards: Shards, item: _Item) -> list[Range]:
     return _slice_ranges(shards.kv_layout.ranges(item.source), item.lo, item.hi)
 
 
-def _buffers(like: KV, n: int) -> list[torch.Tensor]:
-    """Receive buffers for `n` rows of K/V (or of their gradients)."""
-    return [t.new_empty(t.shape[0], t.shape[1], n, t.shape[3]) for t in like]
+def _buffers(like: KV, n: int, zeros: bool = False) -> list[torch.Tensor]:
+    """Receive buffers for `n` rows of K/V (or of their gradients); `zeros`: zero-filled
+    (for a fake group, whose peers never write them)."""
+    new = torch.zeros if zeros else torch.empty
+    return [
+        new(t.shape[0], t.shape[1], n, t.shape[3], dtype=t.dtype, device=t.device) for t in like
+    ]
+
+
+def _peers_absent(shards: Shards) -> bool:
+    """Whether the sequence's group is torch's fake backend (a dry run in one process):
+    nothing arrives from its peers, so their blocks and dK/dV shares are taken as zeros,
+    not as uninitialized memory (NaN in the log-sum-exp merges). Asked once per call; a
+    real group's buffers stay uninitialized, as every one of their rows is received."""
+    return is_fake_group(shards.group)
 
 
 class _Incoming:
     """Posts the exchanges of `items` `schedule.ahead` in advance; `next()` waits for one."""
 
     def __init__(
-        self, pg: dist.ProcessGroup, kv: KV, items: list[_Item], schedule: Schedule
+        self,
+        pg: dist.ProcessGroup,
+        kv: KV,
+        items: list[_Item],
+        schedule: Schedule,
+        zeros: bool = False,
     ) -> None:
-        self._pg, self._kv, self._items = pg, kv, items
+        self._pg, self._kv, self._items, self._zeros = pg, kv, items, zeros
         self._mine = _chunk_bounds(kv.k.shape[2], schedule.chunks)
         self._ahead = schedule.ahead
         self._posted: collections.deque[RingStep] = collections.deque()
@@ -279,7 +297,7 @@ class _Incoming:
     def _post(self, item: _Item) -> RingStep:
         """Send this rank's chunk `item.sent` to rank + step; receive the item's chunk."""
         a, b = self._mine[item.sent], self._mine[item.sent + 1]
-        recv = _buffers(self._kv, item.hi - item.lo)
+        recv = _buffers(self._kv, item.hi - item.lo, self._zeros)
         return RingStep(self._kv.rows(a, b), recv, self._pg, tag=1, shift=item.step, leading=2)
 
     def _fill(self) -> None:
@@ -300,7 +318,7 @@ def exchanged_forward(
     acc = Accumulator(q, kv.v.shape[-1])
     q_ranges = shards.q_ranges()
     items = _items(shards, spec.causal, schedule.chunks)
-    incoming = _Incoming(group_of(shards.group), kv, items, schedule)
+    incoming = _Incoming(group_of(shards.group), kv, items, schedule, _peers_absent(shards))
     rows = schedule.piece_rows
     block_forward(spec, acc, q, q_ranges, kv, shards.kv_layout.ranges(shards.rank), rows)
     for item in items:
@@ -313,8 +331,8 @@ class _Returning:
     """dK/dV shares going home: each block's share leaves while the next is computed,
     and the other ranks' shares of this rank's chunks come in and are added to `own`."""
 
-    def __init__(self, pg: dist.ProcessGroup, own: KV, chunks: int) -> None:
-        self._pg, self._own = pg, own
+    def __init__(self, pg: dist.ProcessGroup, own: KV, chunks: int, zeros: bool = False) -> None:
+        self._pg, self._own, self._zeros = pg, own, zeros
         self._mine = _chunk_bounds(own.k.shape[2], chunks)
         self._pending: tuple[RingStep, int, int] | None = None
 
@@ -323,7 +341,7 @@ class _Returning:
         of the chunk I sent it comes in (every rank runs the same schedule)."""
         self.settle()
         a, b = self._mine[item.sent], self._mine[item.sent + 1]
-        recv = _buffers(self._own, b - a)
+        recv = _buffers(self._own, b - a, self._zeros)
         exchange = RingStep(share, recv, self._pg, tag=2, shift=-item.step, leading=2)
         self._pending = (exchange, a, b)
 
@@ -345,6 +363,7 @@ def exchanged_backward(
     `schedule.own_overlap`, nothing is in flight while the own block is computed.
     """
     pg = group_of(shards.group)
+    absent = _peers_absent(shards)
     q_ranges = shards.q_ranges()
     items = _items(shards, spec.causal, schedule.chunks)
     dq = torch.zeros_like(saved.q)
@@ -359,14 +378,14 @@ def exchanged_backward(
 
     n = kv.k.shape[2]
     if schedule.own_overlap:
-        incoming = _Incoming(pg, kv, items, schedule)
+        incoming = _Incoming(pg, kv, items, schedule, absent)
         cut = _own_cut(spec, own_ranges, n, rows)
         own_rows(0, cut)  # while the other blocks arrive
     else:
         own_rows(0, n)  # before anything is posted
-        incoming = _Incoming(pg, kv, items, schedule)
+        incoming = _Incoming(pg, kv, items, schedule, absent)
         cut = n
-    returning = _Returning(pg, own, schedule.chunks)
+    returning = _Returning(pg, own, schedule.chunks, absent)
     for item in items:
         ranges = _item_ranges(shards, item)
         chunk = incoming.next()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from dt_core.compat.process_groups import resolve_process_group
+from dt_core.compat.process_groups import is_fake_group, resolve_process_group
 
 
 def group_of(name: str) -> dist.ProcessGroup:
@@ -31,7 +31,9 @@ def all_gather_seq(x: torch.Tensor, dim: int, sizes: Sequence[int], group: str) 
     pg = group_of(group)
     longest = max(sizes)
     padded = _pad_to(x, dim, longest)
-    buffers = [torch.empty_like(padded) for _ in sizes]
+    # A fake group's peers write nothing: what they "send" is zeros, never garbage.
+    new = torch.zeros_like if is_fake_group(pg) else torch.empty_like
+    buffers = [new(padded) for _ in sizes]
     dist.all_gather(buffers, padded, group=pg)
     return torch.cat([b.narrow(dim, 0, n) for b, n in zip(buffers, sizes, strict=True)], dim)
 
@@ -58,10 +60,13 @@ def reduce_scatter_seq(x: torch.Tensor, dim: int, sizes: Sequence[int], group: s
         return total
     longest = max(sizes)
     pieces = [_pad_to(x.narrow(dim, starts[i], n), dim, longest) for i, n in enumerate(sizes)]
-    stacked = torch.cat(pieces, dim).contiguous()
-    out = torch.empty_like(pieces[0])
+    # One piece per rank along a new leading dim: the backend splits its input into
+    # contiguous chunks (NCCL by flat offset, the fake backend along dim 0), so each
+    # chunk must be one rank's piece whole (concatenating along `dim` interleaves them).
+    stacked = torch.stack(pieces)
+    out = (torch.zeros_like if is_fake_group(pg) else torch.empty_like)(stacked[:1])
     dist.reduce_scatter_tensor(out, stacked, group=pg)
-    return out.narrow(dim, 0, sizes[rank]).clone()
+    return out[0].narrow(dim, 0, sizes[rank]).clone()
 
 
 # Most messages one tensor of an exchange is split into (see `RingStep`); a tensor with

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from dt_core.compat.process_groups import is_fake_group
 from dt_core.kit import Unsupported
 
 from dt_symm_mem import segment
@@ -546,11 +547,21 @@ def _map_segment(state: _GroupState, buffer_bytes: int, timeout: float) -> ShmSy
     return ShmSymmMemory(group, mm, name, buffer_bytes, timeout, "named")
 
 
+FAKE_GROUP_REASON = "a fake process group (torch's fake backend) has no peers to share memory with"
+
+
 def _state(group: Any) -> _GroupState:
     key = id(group)
     state = _states.get(key)
     if state is None:
         state = _states[key] = _GroupState(group)
+        if is_fake_group(group):
+            # A dry run in one process: the peers exist only in name, so a segment would
+            # wait for them forever. Ordinary collectives on the fake group return at once
+            # with results of the right shapes, as torch's unfused graph does. No warning:
+            # nothing is slower than the user asked for.
+            state.fallback_reason = FAKE_GROUP_REASON
+            return state
         reason = _decide(group)
         if reason is not None:
             state.fallback_reason = reason
@@ -593,6 +604,9 @@ def get_workspace(group: Any, min_bytes: int) -> ShmSymmMemory | None:
     # our previous op's data holds its own mapping of those pages.
     state.handle = result
     state.generation += 1
+    from dt_symm_mem.ops import counters  # ops imports this module
+
+    counters.add("workspace_segments")  # segments this process mapped (tests, stats)
     return result
 
 

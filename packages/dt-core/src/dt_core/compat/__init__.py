@@ -16,7 +16,7 @@ Areas:
     hop_rules         higher-order operators' tensor-subclass rules
     library           torch.library registrations and torch's Python-defined op namespaces
     inductor_passes   Inductor's post-grad custom pass lists
-    process_groups    process groups by registered name (custom ops take groups by name)
+    process_groups    process groups by registered name; is_fake_group (torch's fake backend)
     local_tensor      LocalTensorMode's rules for ops that talk to peers
     tracing           telling tracing from eager work; functional collectives, node order
     compile_introspection  Inductor's generated code, compile counters and caches (tests)

@@ -1,4 +1,5 @@
-"""Process groups by registered name: custom ops take a group's name, not the group.
+"""Process groups by registered name (custom ops take a group's name, not the group), and
+whether a group is torch's fake backend (one process standing in for a world: no peers).
 
 Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import ensure_supported_torch
+from . import ensure_supported_torch, torch_has
 
 CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
 
@@ -18,3 +19,32 @@ def resolve_process_group(group_name: str) -> Any:
     from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 
     return _resolve_process_group(GroupName(group_name))
+
+
+def is_fake_group(group_or_name: Any = None) -> bool:
+    """Whether a group (a ProcessGroup, its registered name, or None for the default
+    group) runs on torch's fake backend (`init_process_group("fake", ...)`): dry runs in
+    one process, where no peer exists to wait for or share memory with.
+
+    True only when every backend the group has is fake; a group with any real backend
+    (say gloo on CPU, fake on CUDA) is real, so real groups always take the real path.
+    Cheap (no communication), so handlers ask once per call."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    if not torch_has("torch._C._distributed_c10d", "FakeProcessGroup"):
+        return False
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    group = group_or_name
+    if isinstance(group, str):
+        group = resolve_process_group(group)
+    elif group is None:
+        if not dist.is_initialized():
+            return False
+        group = dist.distributed_c10d._get_default_group()
+    device_types = list(getattr(group, "_device_types", ()))
+    if not device_types:
+        return False
+    backends = [group._get_backend(torch.device(kind)) for kind in device_types]
+    return all(isinstance(backend, FakeProcessGroup) for backend in backends)
