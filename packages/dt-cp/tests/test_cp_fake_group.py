@@ -65,3 +65,41 @@ def test_cp_sdpa_forward_and_backward_are_finite(world_size: int) -> None:
         if not (compiled and algorithm == "allgather")
     ]
     assert found["CASE"] == cases, found
+
+
+UNEVEN = """
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from dt_cp import settings
+
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+for algorithm in ("ring", "allgather"):
+    for compiled in (False, True):
+        q, k, v = (
+            distribute_tensor(torch.randn(2, 2, 16, 8), mesh, [Shard(2)]).requires_grad_()
+            for _ in "qkv"
+        )
+
+        def attend(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        fn = torch.compile(attend, fullgraph=True) if compiled else attend
+        with settings(algorithm=algorithm):
+            out = fn(q, k, v)
+            out.to_local().sum().backward()
+        grads = all(bool(torch.isfinite(t.grad.to_local()).all()) for t in (q, k, v))
+        finite = bool(torch.isfinite(out.to_local()).all())
+        print("CASE", algorithm, compiled, tuple(out.to_local().shape), finite, grads)
+"""
+
+
+def test_a_sequence_the_fake_world_does_not_divide_runs_through() -> None:
+    """16 positions over a fake world of 3: rank 0 holds 6 (uneven shards, as on real
+    ranks), forward and backward finite, eager and compiled."""
+    found = run_in_fake_world(UNEVEN, 3, timeout=600)
+    assert found["CASE"] == [
+        f"{algorithm} {compiled} (2, 2, 6, 8) True True"
+        for algorithm in ("ring", "allgather")
+        for compiled in (False, True)
+    ], found
