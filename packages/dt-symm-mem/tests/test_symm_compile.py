@@ -122,8 +122,9 @@ def test_scaled_ops_trace_with_torchs_meta_kernels() -> None:
 def test_reduce_scatter_of_summed_matmuls_fuses_into_one_fused_op() -> None:
     """SwiGLU's and q/k/v's input gradients: `A1 @ B1 + A2 @ B2 (+ A3 @ B3)` summed before
     the reduce-scatter. Each sum becomes one fused matmul-reduce-scatter (2-D and torch's
-    N-D reshape form, three and two terms); a sum whose matmul is used elsewhere stays
-    as it was. Integer-valued inputs: every result equals eager exactly."""
+    N-D reshape form, three and two terms); a sum whose matmul is used elsewhere, one
+    that broadcasts a term over rows and one mixing dtypes stay as they were.
+    Integer-valued inputs: every result equals eager exactly."""
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
     from dt_symm_mem import ops
@@ -136,11 +137,16 @@ def test_reduce_scatter_of_summed_matmuls_fuses_into_one_fused_op() -> None:
         seq = x @ B1 + y @ B2  # N-D [2, 4, 6], scatter dim 1
         kept = a @ B2
         shared = funcol.reduce_scatter_tensor(kept + b @ B1, "sum", 0, group)
+        # terms that must not be joined: one broadcast over rows, one in another dtype
+        broadcast = funcol.reduce_scatter_tensor(b @ B1 + c[:1] @ B2, "sum", 0, group)
+        mixed = funcol.reduce_scatter_tensor(a @ B3 + (b.double() @ B1.double()), "sum", 0, group)
         return (
             funcol.reduce_scatter_tensor(flat, "sum", 0, group),
             funcol.reduce_scatter_tensor(seq, "sum", 1, group),
             shared,
             kept,
+            broadcast,
+            mixed,
         )
 
     gen = torch.Generator().manual_seed(rank)
