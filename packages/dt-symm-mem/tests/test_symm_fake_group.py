@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from dt_core.testing.scripts import run_in_fake_world
 
-# A regression waits this long for an absent peer, then raises: well inside the subprocess
-# timeout, so the test fails with the error, not a hang.
+# A regression waits this long for an absent peer, then raises SymmMemTimeoutError: well
+# inside the subprocess timeout, so the test fails with the error, not a hang. (No timed
+# assertion: the first backward compiles, which a slow machine may take seconds over.)
 PEER_TIMEOUT_S = "20"
 
 ASYNC_TP_MLP = """
-import time
 import torch._inductor.config as inductor_config
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -32,10 +32,8 @@ parallelize_module(model, mesh, plan)
 compiled = torch.compile(model, fullgraph=True)
 x = torch.randn(4, 16, requires_grad=True)  # this rank's rows (Shard(0) input)
 out = compiled(x)
-start = time.perf_counter()
 out = compiled(x)
 out.sum().backward()
-print("SECONDS", time.perf_counter() - start)
 print("OUT", tuple(out.shape), bool(torch.isfinite(out).all()))
 print("GRAD", tuple(x.grad.shape), bool(torch.isfinite(x.grad).all()))
 print("CALLS", ops.counters.get("fused_all_gather_matmul"),
@@ -50,7 +48,6 @@ def test_compiled_async_tp_mlp_runs_through(world_size: int) -> None:
     found = run_in_fake_world(
         ASYNC_TP_MLP, world_size, timeout=300, DT_SYMM_MEM_TIMEOUT=PEER_TIMEOUT_S
     )
-    assert float(found["SECONDS"][0]) < 10, found  # a peer wait would take 20 s, then raise
     # Rows: this rank's 4 gathered from the world, scattered back; 16 output features.
     assert found["OUT"] == ["(4, 16) True"], found
     assert found["GRAD"] == ["(4, 16) True"], found
