@@ -230,6 +230,24 @@ def _collective_counts(code: str) -> dict[str, int]:
     return {n: sum(bool(re.match(pattern.format(n), line)) for line in lines) for n in names}
 
 
+def _torch_cp_globals_restorer():  # type: ignore[no-untyped-def]
+    """torch's CP APIs set module globals (`_context_parallel_shard` switches the dispatch
+    mode and load balancing for the process); the rank worlds are shared by later tests,
+    so this test puts them back as it found them."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+
+    mode = _attention._dispatch_mode
+    balance = _attention._cp_options.enable_load_balance
+    rotate = _attention._cp_options.rotate_method
+
+    def restore() -> None:
+        _attention._dispatch_mode = mode
+        _attention._cp_options.enable_load_balance = balance
+        _attention._cp_options.rotate_method = rotate
+
+    return restore
+
+
 @pytest.mark.ranks(4, timeout=900)
 def test_fsdp2_x_context_parallel_head_tail_compiled_per_block() -> None:
     """dp x cp = 2 x 2: FSDP2 over all four ranks (torchtitan shards over dp and cp
@@ -250,6 +268,7 @@ def test_fsdp2_x_context_parallel_head_tail_compiled_per_block() -> None:
 
     torch.set_num_threads(1)
     torch._dynamo.reset()
+    restore = _torch_cp_globals_restorer()
     mesh = cpu_mesh((2, 2), ("dp", "cp"))
     everyone = cpu_mesh(4)
     reference = _llama()
@@ -274,6 +293,7 @@ def test_fsdp2_x_context_parallel_head_tail_compiled_per_block() -> None:
         losses = _train(model, local_batch, scale=4 / (BATCH * SEQ * DIM))
     finally:
         _disable_context_parallel_dispatcher()
+        restore()
     want = _reference_losses(reference)
     assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < TOL, (losses, want)
     assert _max_param_error(reference, model) < TOL

@@ -494,9 +494,13 @@ def test_pass_order_buckets_before_collective_matmul_fusion_before_overlap() -> 
     from dt_symm_mem.plugin import dt_graph_passes as symm_mem_passes
 
     fsdp = {p.name: p for p in fsdp_passes()}
-    (fuse,) = symm_mem_passes()
+    symm = {p.name: p for p in symm_mem_passes()}
+    fuse = symm["fuse-cpu-collective-matmul"]
     assert fsdp["bucket"].stage == fuse.stage == fsdp["overlap"].stage
     assert fsdp["bucket"].order < fuse.order < fsdp["overlap"].order
+    # Joining summed matmuls only reshapes a reduce-scatter's input: it runs in the stage
+    # before (ahead of torch's own micro-pipeline pass), and bucketing is unaffected.
+    assert symm["merge-summed-matmuls"].stage == "post_grad_pre" != fuse.stage
 
 
 @pytest.mark.ranks(8, timeout=600)
