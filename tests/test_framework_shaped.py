@@ -176,7 +176,7 @@ def test_fsdp2_x_sequence_parallel_tp_compiled_per_block_fuses_every_tp_collecti
     fused symm_mem op, the input-gradient sums of q/k/v and w1/w3 included."""
     import torch
     from dt_core.testing import cpu_mesh
-    from dt_core.testing.compiled import run_and_get_code
+    from dt_core.testing.compiled import collective_counts, run_and_get_code
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -203,7 +203,13 @@ def test_fsdp2_x_sequence_parallel_tp_compiled_per_block_fuses_every_tp_collecti
     want = _reference_losses(reference)
     assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < TOL, (losses, want)
     assert _max_param_error(reference, model) < TOL
-    counts = [_collective_counts(code) for code in codes]
+    names = (
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "fused_all_gather_matmul",
+        "fused_matmul_reduce_scatter",
+    )
+    counts = [collective_counts(code, names) for code in codes]
     # Two blocks, forward and backward each: the attention and FFN input gathers fused
     # with their matmuls, and two reduce-scatters fused: o and w2 forward, the summed
     # q+k+v and w1+w3 input gradients backward. No TP collective is left on its own.
@@ -214,20 +220,6 @@ def test_fsdp2_x_sequence_parallel_tp_compiled_per_block_fuses_every_tp_collecti
         "fused_matmul_reduce_scatter": 2,
     }
     assert counts == [fused] * 4, counts
-
-
-def _collective_counts(code: str) -> dict[str, int]:
-    import re
-
-    names = (
-        "all_gather_into_tensor",
-        "reduce_scatter_tensor",
-        "fused_all_gather_matmul",
-        "fused_matmul_reduce_scatter",
-    )
-    lines = [line.strip() for line in code.splitlines()]
-    pattern = r"(\w+ = )?torch\.ops\.(_c10d_functional|symm_mem)\.{}\."
-    return {n: sum(bool(re.match(pattern.format(n), line)) for line in lines) for n in names}
 
 
 def _torch_cp_globals_restorer():  # type: ignore[no-untyped-def]

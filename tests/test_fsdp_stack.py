@@ -322,36 +322,16 @@ def test_bad_meshes_and_parameters_name_the_problem() -> None:
 # --- compiled: every pass in the same graph --------------------------------------------
 
 
-def _code_counts(code: str) -> dict[str, int]:
-    import re
-
-    names = (
-        "all_gather_into_tensor",
-        "reduce_scatter_tensor",
-        "all_reduce_",
-        "fused_all_gather_matmul",
-        "fused_matmul_reduce_scatter",
-    )
-    calls = [line.strip() for line in code.splitlines()]
-    return {
-        name: sum(
-            bool(re.match(r"(\w+ = )?torch\.ops\.(_c10d_functional|symm_mem)\." + name + r"\.", c))
-            for c in calls
-        )
-        for name in names
-    }
-
-
 def _compiled_counts(run, x) -> list[dict[str, int]]:
     """Run one fwd + bwd through Inductor and count collectives per generated module."""
-    from dt_core.testing.compiled import run_and_get_code
+    from dt_core.testing.compiled import collective_counts, run_and_get_code
 
     def fwd_bwd() -> None:
         out = run(x)
         (out.to_local() if hasattr(out, "to_local") else out).float().sum().backward()
 
     _, codes = run_and_get_code(fwd_bwd)
-    return [_code_counts(code) for code in codes]
+    return [collective_counts(code) for code in codes]
 
 
 def _sp_mlp(width: int = 8, hidden: int = 16):

@@ -20,6 +20,25 @@ def run_and_get_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple
     return compile_introspection.inductor_code(fn, *args, **kwargs)
 
 
+COLLECTIVES = (
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_reduce_",
+    "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
+)
+
+
+def collective_counts(code: str, names: tuple[str, ...] = COLLECTIVES) -> dict[str, int]:
+    """How many calls of each functional collective (`_c10d_functional.<name>`) or fused
+    symm_mem op (`symm_mem.<name>`) one module of Inductor's generated code makes."""
+    import re
+
+    lines = [line.strip() for line in code.splitlines()]
+    pattern = r"(\w+ = )?torch\.ops\.(_c10d_functional|symm_mem)\.{}\."
+    return {n: sum(bool(re.match(pattern.format(n), line)) for line in lines) for n in names}
+
+
 @contextmanager
 def compile_caches(enabled: bool) -> Iterator[None]:
     """Inductor's FX graph cache and AOTAutograd's cache on or off inside the block; off,
