@@ -101,7 +101,46 @@ def _rank_body(quick: bool, sizes: list[int], layer: dict[str, int]) -> dict[str
     times = _time_alternating({"fused": fused, "baseline": baseline}, 3 if quick else 10)
     out["layer"] = (times["fused"], times["baseline"])
     out["layer_error"] = float((fused() - baseline()).abs().max())
+    out["summed"] = _summed_reduce_scatter(group, layer, quick)
     return out
+
+
+def _joined(a: Any, b: Any, B1: Any, B2: Any, group: Any) -> Any:
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol.reduce_scatter_tensor(a @ B1 + b @ B2, "sum", 0, group)
+
+
+def _kept(a: Any, b: Any, B1: Any, B2: Any, group: Any) -> Any:  # _joined's twin: its own
+    import torch.distributed._functional_collectives as funcol  # Dynamo cache entry
+
+    return funcol.reduce_scatter_tensor(a @ B1 + b @ B2, "sum", 0, group)
+
+
+def _summed_reduce_scatter(group: Any, layer: dict[str, int], quick: bool) -> dict[str, float]:
+    """SwiGLU's input gradient `g1 @ W1 + g3 @ W3`, reduce-scattered over the sequence,
+    compiled: the sum joined into one matmul and fused (default) vs kept as it is."""
+    import torch
+    from dt_symm_mem import ops
+    from dt_symm_mem.settings import settings
+
+    tokens, hidden, n_out = layer["tokens"], layer["hidden"], layer["out"]
+    gen = torch.Generator().manual_seed(11)
+    a, b = (torch.randn(tokens, hidden, generator=gen) for _ in range(2))
+    B1, B2 = (torch.randn(hidden, n_out, generator=gen) for _ in range(2))
+    joined = torch.compile(_joined, fullgraph=True)
+    kept = torch.compile(_kept, fullgraph=True)
+    before = ops.counters.snapshot()
+    joined(a, b, B1, B2, group)  # compiles with the merge (the default)
+    fused_calls = ops.counters.changes(before).get("fused_matmul_reduce_scatter", 0)
+    with settings.scoped(merge_summed_matmuls=False):
+        kept(a, b, B1, B2, group)  # compiles without it
+    times = _time_alternating(
+        {"joined": lambda: joined(a, b, B1, B2, group), "kept": lambda: kept(a, b, B1, B2, group)},
+        3 if quick else 10,
+    )
+    error = float((joined(a, b, B1, B2, group) - kept(a, b, B1, B2, group)).abs().max())
+    return {**times, "error": error, "fused_calls": float(fused_calls)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +208,28 @@ def main(argv: list[str] | None = None) -> int:
             "target": "≥1.5×",
             "unit": "ms",
             "notes": f"max abs difference {max(r['layer_error'] for r in results):.2e}",
+        }
+    )
+    summed = {k: max(r["summed"][k] for r in results) for k in ("joined", "kept", "error")}
+    rows.append(
+        {
+            "name": (
+                f"compiled reduce-scatter of a summed matmul pair (SwiGLU input gradient), "
+                f"2 x A {layer['tokens']}x{layer['hidden']} @ B {layer['hidden']}x{layer['out']},"
+                f" fp32, {args.ranks} ranks"
+            ),
+            "metric": "time",
+            "value": summed["joined"] * 1e3,
+            "baseline": "the sum kept (merge_summed_matmuls=False): 2 mm + add + gloo RS",
+            "baseline_value": summed["kept"] * 1e3,
+            "ratio": summed["kept"] / summed["joined"],
+            "target": "faster",
+            "unit": "ms",
+            "notes": (
+                f"joined into one matmul, then fused_matmul_reduce_scatter "
+                f"({int(rank0['summed']['fused_calls'])} fused call per compile check); "
+                f"max abs difference {summed['error']:.2e}"
+            ),
         }
     )
     bandwidth = {

@@ -166,3 +166,14 @@ def test_reduce_scatter_of_summed_matmuls_fuses_into_one_fused_op() -> None:
     want = grads(a, b, c, x, y, B1, B2, B3)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and torch.equal(g, w)
+    # The setting keeps the sums (and is part of the pass's cache key: a recompile).
+    from dt_symm_mem.settings import settings
+
+    torch._dynamo.reset()
+    with settings.scoped(merge_summed_matmuls=False):
+        before = ops.counters.snapshot()
+        got = torch.compile(grads, fullgraph=True)(a, b, c, x, y, B1, B2, B3)
+        calls = ops.counters.changes(before)
+    assert "fused_matmul_reduce_scatter" not in calls, calls
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and torch.equal(g, w)

@@ -83,6 +83,13 @@ def _settings() -> dict[str, Any]:
     return {"disabled": not settings.current().compile_pass}
 
 
+def _merge_settings() -> dict[str, Any]:
+    from dt_symm_mem.settings import settings
+
+    current = settings.current()
+    return {"disabled": not current.compile_pass, "merge": current.merge_summed_matmuls}
+
+
 @hookimpl
 def dt_graph_passes() -> list[GraphPass]:
     from pathlib import Path
@@ -96,7 +103,7 @@ def dt_graph_passes() -> list[GraphPass]:
             "merge-summed-matmuls",
             _merge_sums,
             stage="post_grad_pre",
-            settings=_settings,
+            settings=_merge_settings,
             source_files=merge_sources,
         ),
         GraphPass("fuse-cpu-collective-matmul", _fuse, settings=_settings, source_files=sources),

@@ -172,7 +172,7 @@ def _fusion_follows(input_node: Any, group_name: str) -> bool:
     """Merge only where a fusion will take the merged matmul: this plugin's pass for CPU
     groups, torch's own micro-pipeline pass for accelerator groups it fuses."""
     value = _val(input_node)
-    if value is None:
+    if value is None or not settings.current().merge_summed_matmuls:
         return False
     if value.device.type == "cpu":
         return settings.current().compile_pass
