@@ -8,7 +8,6 @@ Interface (plain functions):
     ensure_symm_mem_ops_defined()          imports torch's module that defines symm_mem::*
     torch_symm_mem_module() -> module       torch.distributed._symmetric_memory
     find_all_gather_matches(graph) / find_reduce_scatter_matches(graph)
-    torch_fuses_group(group_name) -> bool   torch's own pass will fuse this group's matches
     fuse_all_gather_match(match, accept) / fuse_reduce_scatter_match(match, accept)
     match_tensor(node) -> the example tensor of an FX node ("val" meta)
     all_gather_match_parts(match) / reduce_scatter_match_parts(match) -> (node, group name)
@@ -96,18 +95,6 @@ def find_all_gather_matches(graph: Any) -> list[Any]:
 def find_reduce_scatter_matches(graph: Any) -> list[Any]:
     """(chunk/cat +) reduce_scatter_tensor + wait matches."""
     return list(_micro_pipeline_tp().find_reduce_scatter_patterns(graph))
-
-
-def torch_fuses_group(group_name: str) -> bool:
-    """Whether torch's own micro-pipeline pass fuses matches of `group_name` in this
-    compilation: it is on, and its own checks (NCCL, symmetric memory for the group) pass."""
-    import torch._inductor.config as inductor_config
-    import torch.distributed as dist
-
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    if not inductor_config._micro_pipeline_tp or not dist.is_nccl_available():
-        return False
-    return bool(torch_symm_mem_module().is_symm_mem_enabled_for_group(group_name))
 
 
 def match_tensor(node: Any) -> Any:

@@ -96,9 +96,9 @@ def dt_graph_passes() -> list[GraphPass]:
 
     here = Path(__file__).parent
     sources = [str(here / "compile_pass.py")]
-    merge_sources = [str(here / "summed_matmuls.py"), str(here / "compat.py")]
+    merge_sources = [str(here / "summed_matmuls.py")]
     return [
-        # before torch's micro-pipeline pass, so on CUDA torch's fusion sees one matmul too
+        # in the stage before the fusion (CPU groups only; accelerator graphs untouched)
         GraphPass(
             "merge-summed-matmuls",
             _merge_sums,
