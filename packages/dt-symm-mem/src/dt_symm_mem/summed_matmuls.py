@@ -69,21 +69,24 @@ def _term(node: Any) -> _Term | None:
     return _Term(rows.args[0], mm.args[1], (node, mm, rows))
 
 
-def _summands(node: Any, root: bool = True) -> list[Any] | None:
-    """The leaves of an add tree rooted at `node` (inner adds single-use), or None."""
+def _add_tree(node: Any, root: bool = True) -> tuple[list[Any], list[Any]] | None:
+    """(leaves, inner adds) of the add tree rooted at `node`, whose inner adds are
+    single-use; None when `node` is no add or a leaf is not a graph node."""
     if node.target is not aten.add.Tensor or node.kwargs.get("alpha", 1) != 1:
-        return None if root else [node]
+        return None if root else ([node], [])
     if not root and len(node.users) != 1:
-        return [node]
+        return [node], []
     leaves: list[Any] = []
+    inner: list[Any] = [] if root else [node]
     for arg in node.args[:2]:
         if not isinstance(arg, torch.fx.Node):
             return None
-        below = _summands(arg, root=False)
+        below = _add_tree(arg, root=False)
         if below is None:
             return None
-        leaves.extend(below)
-    return leaves
+        leaves.extend(below[0])
+        inner.extend(below[1])
+    return leaves, inner
 
 
 def _mergeable(terms: list[_Term], out: Any) -> bool:
@@ -123,9 +126,10 @@ def _example(arg: Any) -> Any:
 
 def merge_sum(graph: Any, root: Any) -> bool:
     """Rewrite the add tree at `root` into one matmul if every leaf is a matmul term."""
-    leaves = _summands(root)
-    if leaves is None or len(leaves) < 2:
+    tree = _add_tree(root)
+    if tree is None:
         return False
+    leaves, inner_adds = tree
     terms = [_term(leaf) for leaf in leaves]
     out = _val(root)
     if out is None or any(t is None for t in terms):
@@ -144,16 +148,8 @@ def merge_sum(graph: Any, root: Any) -> bool:
         else:
             merged = _call(graph, aten.mm.default, a, b)
     root.replace_all_uses_with(merged)
-    _erase_unused([root, *_inner_adds(root), *(n for t in found for n in t.nodes)])
+    _erase_unused([root, *inner_adds, *(n for t in found for n in t.nodes)])
     return True
-
-
-def _inner_adds(root: Any) -> list[Any]:
-    inner = []
-    for arg in root.args[:2]:
-        if getattr(arg, "target", None) is aten.add.Tensor and len(arg.users) == 1:
-            inner.extend([arg, *_inner_adds(arg)])
-    return inner
 
 
 def _erase_unused(nodes: list[Any]) -> None:
@@ -176,9 +172,10 @@ def _fusion_follows(input_node: Any) -> bool:
     shapes in bf16 (8192 x 2x7168 x 4096: 1.46 vs 1.23 ms), which the reduce-scatter's
     overlap would have to pay back; that is unmeasured (it needs 2 GPUs)."""
     value = _val(input_node)
-    if value is None or not settings.current().merge_summed_matmuls:
+    current = settings.current()
+    if value is None or not (current.merge_summed_matmuls and current.compile_pass):
         return False
-    return value.device.type == "cpu" and settings.current().compile_pass
+    return value.device.type == "cpu"
 
 
 def merge_summed_matmuls_before_reduce_scatter(graph: Any) -> None:
