@@ -177,3 +177,60 @@ def test_reduce_scatter_of_summed_matmuls_fuses_into_one_fused_op() -> None:
     assert "fused_matmul_reduce_scatter" not in calls, calls
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and torch.equal(g, w)
+
+
+@pytest.mark.ranks(2, timeout=600)
+def test_swiglu_with_mismatched_shard_dims_compiles_to_one_process_values() -> None:
+    """A SwiGLU block whose TP plan shards w1 by output columns but w3 by input rows (a
+    plan mistake torch accepts: it redistributes between the two). Compiled with
+    `_micro_pipeline_tp`, with the summed-matmul join on, forward and every gradient
+    equal one process: a pass that fused across the mismatch would change them."""
+    import torch.nn.functional as F
+    from dt_core.testing import cpu_mesh
+    from dt_symm_mem import ops
+    from torch import nn
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    class SwiGLU(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w1, self.w3 = nn.Linear(8, 16, bias=False), nn.Linear(8, 16, bias=False)
+            self.w2 = nn.Linear(16, 8, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    torch.manual_seed(0)
+    reference, model = SwiGLU(), SwiGLU()
+    model.load_state_dict(reference.state_dict())
+    mesh = cpu_mesh((2,), ("tp",))
+    # DTensor outputs: the product of column shards and w3's replicated output is then
+    # torch's to redistribute (as plain local tensors it is torch's own shape error)
+    plan = {
+        "w1": ColwiseParallel(input_layouts=Shard(1), use_local_output=False),
+        "w3": RowwiseParallel(input_layouts=Shard(1), use_local_output=False),  # rows: the mismatch
+        "w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    parallelize_module(model, mesh, plan)
+    x = torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(1))
+    rank = mesh.get_local_rank()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch._inductor.config.patch(_micro_pipeline_tp=True):
+        before = ops.counters.snapshot()
+        out = compiled(x.chunk(2, dim=1)[rank].clone().requires_grad_())
+        (out**2).sum().backward()
+        calls = ops.counters.changes(before)
+    want = reference(x)
+    (want**2).sum().backward()
+    assert calls, "the compiled block ran no dt-symm-mem op: the passes were not exercised"
+    torch.testing.assert_close(out, want.chunk(2, dim=1)[rank], rtol=1e-5, atol=1e-5)
+    for name, p in model.named_parameters():
+        ref = dict(reference.named_parameters())[name]
+        assert p.grad is not None and ref.grad is not None, name
+        torch.testing.assert_close(p.grad.full_tensor(), ref.grad, rtol=1e-5, atol=1e-5)
