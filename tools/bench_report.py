@@ -3,9 +3,11 @@
 Each package's `benchmarks/run.py --json OUT` reports rows (a value against a baseline
 measured in the same run, the ratio and the issue's target) and series for plots; this
 tool runs them one after another (never in parallel: they time things), adds dt-core's
-import-time benchmark, and renders the results.
+import-time benchmark, saves the run under build/bench/ by torch release, and renders the
+latest run of every release side by side.
 
-    hatch run bench:report [--quick] [--only dt-conv dt-cp]
+    hatch run bench:report [--quick] [--only dt-conv dt-cp]     # every torch of the matrix
+    hatch run bench.2.14:report --render-only                   # the table from saved runs
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def machine_info() -> list[str]:
         f"- CPU: {cpu}, {os.cpu_count()} cores, {memory} memory, no GPU"
         if not torch.cuda.is_available()
         else f"- CPU: {cpu}, {os.cpu_count()} cores; GPU: {torch.cuda.get_device_name()}",
-        f"- Python {platform.python_version()}, torch {torch.__version__}",
+        f"- Python {platform.python_version()}",
         f"- load average when the run started: {load:.2f} (other work on the machine adds noise)",
     ]
 
@@ -110,64 +112,138 @@ def _num(v: Any) -> str:
     return str(v)
 
 
-def render(results: list[dict[str, Any]], machine: list[str], quick: bool, out: Path) -> str:
+def _release(run: dict[str, Any]) -> str:
+    return str(run["torch"]).split("+")[0]
+
+
+def _version_key(run: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else 0 for p in _release(run).split("."))
+
+
+def _rows(run: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """One run's rows keyed by (package, benchmark); a failed package is one row."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for result in run["results"]:
+        if "error" in result:
+            rows[(result["package"], "FAILED")] = {"error": result["error"]}
+            continue
+        for row in result["rows"]:
+            rows[(result["package"], f"{row['name']} ({row['metric']})")] = row
+    return rows
+
+
+def _cells(row: dict[str, Any] | None) -> list[str]:
+    if row is None:
+        return ["not run", "", ""]
+    if "error" in row:
+        return [f"FAILED: {row['error']}", "", ""]
+    value = f"{_num(row['value'])} {row.get('unit', '')}".strip()
+    baseline = f"{row['baseline']}: {_num(row['baseline_value'])}"
+    return [value, baseline, f"**{_num(row['ratio'])}**"]
+
+
+def _change(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str:
+    """The newer torch's value over the older one's (for times, below 1 is faster)."""
+    if not old or not new or "error" in old or "error" in new:
+        return ""
+    a, b = old.get("value"), new.get("value")
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or a == 0:
+        return ""
+    return _num(b / a)
+
+
+def render(runs: list[dict[str, Any]], out: Path) -> str:
+    """BENCHMARKS.md from one run per torch release, side by side (oldest torch first)."""
     lines = [
         "# Benchmarks",
         "",
         "Written by `hatch run bench:report` (tools/bench_report.py), which runs every "
-        "package's `benchmarks/run.py` one after another. Every ratio is against a baseline "
-        "measured in the same run on the same machine; targets come from the issues. Timed "
-        "assertions never live in tests.",
+        "package's `benchmarks/run.py` one after another, on every torch of the test matrix "
+        "(`hatch run bench.2.14:report` runs one; each run's results are kept in "
+        "build/bench/ and the table shows the latest run of each torch). Every ratio is "
+        "against a baseline measured in the same run on the same machine; targets come "
+        "from the issues. Timed assertions never live in tests.",
         "",
-        *machine,
-        f"- mode: {'quick (small sizes)' if quick else 'full'}",
-        "",
-        "| package | benchmark | value | baseline | ratio | target | notes |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for result in results:
-        if "error" in result:
-            lines.append(f"| {result['package']} | FAILED | {result['error']} | | | | |")
-            continue
-        for row in result["rows"]:
-            lines.append(
-                f"| {result['package']} | {row['name']} ({row['metric']}) "
-                f"| {_num(row['value'])} {row.get('unit', '')} "
-                f"| {row['baseline']}: {_num(row['baseline_value'])} "
-                f"| **{_num(row['ratio'])}** | {row.get('target', '')} | {row.get('notes', '')} |"
-            )
+    for run in runs:
+        lines += [f"torch {run['torch']}:", "", *run["machine"], f"- mode: {run['mode']}", ""]
+    header = ["package", "benchmark", "target"]
+    for run in runs:
+        r = _release(run)
+        header += [f"{r}: value", f"{r}: baseline", f"{r}: ratio"]
+    if len(runs) > 1:
+        header.append(f"value {_release(runs[-1])} / {_release(runs[0])}")
+    header.append("notes")
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    by_run = [_rows(run) for run in runs]
+    keys: list[tuple[str, str]] = []
+    for rows in by_run:
+        keys += [k for k in rows if k not in keys]
+    for key in keys:
+        found = [rows.get(key) for rows in by_run]
+        first = next((r for r in found if r and "error" not in r), {})
+        cells = [key[0], key[1], str(first.get("target", ""))]
+        for row in found:
+            cells += _cells(row)
+        if len(runs) > 1:
+            cells.append(_change(found[0], found[-1]))
+        cells.append(str(first.get("notes", "")))
+        lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    for result in results:
-        for i, series in enumerate(result.get("series", [])):
-            name = f"{result['package']}-{i}.png"
-            plot(series, out.parent / PLOTS / name)
-            lines += [f"### {series['title']}", "", f"![{series['title']}]({PLOTS / name})", ""]
+    for run in runs:
+        for result in run["results"]:
+            for i, series in enumerate(result.get("series", [])):
+                name = f"{result['package']}-{i}-torch-{_release(run)}.png"
+                title = f"{series['title']} (torch {_release(run)})"
+                plot(series, out.parent / PLOTS / name)
+                lines += [f"### {title}", "", f"![{title}]({PLOTS / name})", ""]
     return "\n".join(lines) + "\n"
 
 
+def load_runs(folder: Path) -> list[dict[str, Any]]:
+    """The latest saved run of every torch release, oldest release first."""
+    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("torch-*.json"))]
+    return sorted(runs, key=_version_key)
+
+
 def main() -> int:
+    import torch
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
     parser.add_argument("--only", nargs="*", help="packages to run (default: all)")
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per package")
+    parser.add_argument(
+        "--render-only", action="store_true", help="rewrite the report from saved runs"
+    )
+    parser.add_argument("--runs", default=str(ROOT / "build" / "bench"), help="saved runs")
     args = parser.parse_args()
-    out = Path(args.out)
-    machine = machine_info()
-    results = []
-    benches = sorted(ROOT.glob("packages/*/benchmarks/run.py"))
-    if not args.only or "dt-core" in args.only:
-        print("dt-core: import time ...", flush=True)
-        results.append(import_time(args.quick))
-    for bench in benches:
-        package = bench.parent.parent.name
-        if args.only and package not in args.only:
-            continue
-        print(f"{package} ...", flush=True)
-        results.append(run_package(bench, args.quick, args.timeout))
-        status = results[-1].get("error") or f"{results[-1]['elapsed_s']:.0f} s"
-        print(f"{package}: {status}", flush=True)
-    out.write_text(render(results, machine, args.quick, out))
+    out, saved = Path(args.out), Path(args.runs)
+    results: list[dict[str, Any]] = []
+    if not args.render_only:
+        machine = machine_info()
+        benches = sorted(ROOT.glob("packages/*/benchmarks/run.py"))
+        if not args.only or "dt-core" in args.only:
+            print("dt-core: import time ...", flush=True)
+            results.append(import_time(args.quick))
+        for bench in benches:
+            package = bench.parent.parent.name
+            if args.only and package not in args.only:
+                continue
+            print(f"{package} ...", flush=True)
+            results.append(run_package(bench, args.quick, args.timeout))
+            status = results[-1].get("error") or f"{results[-1]['elapsed_s']:.0f} s"
+            print(f"{package}: {status}", flush=True)
+        run = {
+            "torch": torch.__version__,
+            "machine": machine,
+            "mode": "quick (small sizes)" if args.quick else "full",
+            "results": results,
+        }
+        saved.mkdir(parents=True, exist_ok=True)
+        (saved / f"torch-{_release(run)}.json").write_text(json.dumps(run, indent=1))
+    out.write_text(render(load_runs(saved), out))
     print(f"wrote {out}")
     return 0 if all("error" not in r for r in results) else 1
 
