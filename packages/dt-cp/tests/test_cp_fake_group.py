@@ -1,6 +1,6 @@
-"""Context-parallel SDPA under torch's fake backend (a dry run: one process standing in
-for a world): nothing arrives from the absent peers, and the merges must stay finite
-(receive buffers were uninitialized memory, and NaN there made NaN losses)."""
+"""Context-parallel SDPA and flex attention under torch's fake backend (a dry run: one
+process standing in for a world): nothing arrives from the absent peers, and the merges
+must stay finite (receive buffers were uninitialized memory, and NaN there made NaN losses)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,34 @@ for compiled in (False, True):
             shape = tuple(out.to_local().shape)
             grads = all(finite(t.grad) for t in (q, k, v))
             print("CASE", compiled, algorithm, causal, shape, finite(out), grads)
+
+# flex attention: dt-cp's own front end and torch's (its HOP on DTensors), a causal
+# sliding window given as a BlockMask over the whole (world x S) sequence
+import dt_cp
+from torch.nn.attention.flex_attention import flex_attention as torch_flex
+
+
+def window(b, h, qi, ki):
+    return (ki <= qi) & (qi - ki < 24)
+
+
+n = S * dist.get_world_size()
+block_mask = dt_cp.create_block_mask(window, None, None, n, n)
+for front in ("dt_cp", "torch"):
+    for algorithm in ("ring", "allgather"):
+        torch.manual_seed(0)
+        q, k, v = (
+            DTensor.from_local(torch.randn(B, H, S, D), mesh, [Shard(2)]).requires_grad_()
+            for _ in "qkv"
+        )
+        flex = dt_cp.flex_attention if front == "dt_cp" else torch_flex
+        with settings(algorithm=algorithm):
+            poison()
+            out = flex(q, k, v, block_mask=block_mask)
+            poison()
+            out.to_local().sum().backward()
+        grads = all(finite(t.grad) for t in (q, k, v))
+        print("FLEX", front, algorithm, tuple(out.to_local().shape), finite(out), grads)
 """
 
 
@@ -65,6 +93,11 @@ def test_cp_sdpa_forward_and_backward_are_finite(world_size: int) -> None:
         if not (compiled and algorithm == "allgather")
     ]
     assert found["CASE"] == cases, found
+    assert found["FLEX"] == [
+        f"{front} {algorithm} (2, 2, 16, 8) True True"
+        for front in ("dt_cp", "torch")
+        for algorithm in ("ring", "allgather")
+    ], found
 
 
 UNEVEN = """
