@@ -290,3 +290,56 @@ def test_fsdp2_x_context_parallel_head_tail_compiled_per_block() -> None:
     assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < TOL, (losses, want)
     assert _max_param_error(reference, model) < TOL
     assert stats().get("cp", {}).get("score_elements", 0) > before  # dt-cp's kernels ran
+
+
+@pytest.mark.ranks(8, timeout=900)
+def test_fsdp2_x_tp_x_cp_on_a_2x2x2_mesh_eager() -> None:
+    """dp x cp x tp = 2 x 2 x 2, torchtitan's order: the sequence split over cp by torch's
+    head-tail balancer, then over tp by sequence parallelism; FSDP2 over dp and cp
+    together. Eager (on 2 shared cores eight ranks compiling would cost minutes; the
+    compiled runs above are 2 x 2)."""
+    import torch
+    from dt_core.kit import stats
+    from dt_core.testing import cpu_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.experimental._attention import (
+        _context_parallel_shard,
+        _ContextParallel,
+        _disable_context_parallel_dispatcher,
+        _enable_context_parallel_dispatcher,
+    )
+    from torch.distributed.tensor.experimental._context_parallel import _HeadTailLoadBalancer
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    torch.set_num_threads(1)
+    restore = _torch_cp_globals_restorer()
+    mesh = cpu_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    fsdp_mesh = mesh["dp", "cp"]._flatten("dp_cp_framework_shaped")
+    reference = _llama()
+    model = _llama()
+    style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)
+    for block in model.layers.values():
+        parallelize_module(block, mesh["tp"], _tp_plan())
+        parallelize_module(block.attention.sdpa, mesh["cp"], style)
+    for block in model.layers.values():
+        fully_shard(block, mesh=fsdp_mesh)
+    fully_shard(model, mesh=fsdp_mesh)
+    dp, tp = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
+    balancer = _HeadTailLoadBalancer(SEQ, 2, "cpu")
+
+    def local_batch(x, y):
+        mine = [t.chunk(2)[dp].contiguous() for t in (x, y)]
+        ours = _context_parallel_shard(mesh["cp"], mine, [1, 1], load_balancer=balancer)
+        return tuple(t.chunk(2, dim=1)[tp].contiguous() for t in ours)
+
+    before = stats().get("cp", {}).get("score_elements", 0)
+    _enable_context_parallel_dispatcher()
+    try:
+        losses = _train(model, local_batch, scale=4 / (BATCH * SEQ * DIM))
+    finally:
+        _disable_context_parallel_dispatcher()
+        restore()
+    want = _reference_losses(reference)
+    assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < TOL, (losses, want)
+    assert _max_param_error(reference, model) < TOL
+    assert stats().get("cp", {}).get("score_elements", 0) > before  # dt-cp's kernels ran
