@@ -80,22 +80,23 @@ def test_torch_flex_attention_on_dtensors() -> None:
 
 
 @pytest.mark.ranks(2)
-def test_deprecated_install_flex_rule_still_works_and_is_undone() -> None:
+def test_deprecated_install_flex_rule_changes_nothing_while_dt_core_is_active() -> None:
+    """dt-core installed the rules; the deprecated calls warn and leave them (and torch's
+    flex check's patch) exactly as they are: there is no second install path."""
     import dt_cp
     import torch.nn.attention.flex_attention as front_end
     from dt_cp.compat.attention import flex_attention_hops
-    from dt_cp.flex_hop import hop_forward
+    from dt_cp.flex_hop import hop_backward, hop_forward
     from torch.distributed.tensor import DTensor
 
     hop, hop_b = flex_attention_hops()
     plugin_rules = (hop.python_key_table[DTensor], hop_b.python_key_table[DTensor])
     device_check = front_end._validate_device
+    assert plugin_rules != (hop_forward, hop_backward)  # dt-core's wrappers, not the bare rules
     with pytest.warns(DeprecationWarning, match="no longer needed"):
         dt_cp.install_flex_rule()
-    try:
-        assert hop.python_key_table[DTensor] is hop_forward
-    finally:
-        dt_cp.remove_flex_rule()
+    assert (hop.python_key_table[DTensor], hop_b.python_key_table[DTensor]) == plugin_rules
+    dt_cp.remove_flex_rule()
     assert (hop.python_key_table[DTensor], hop_b.python_key_table[DTensor]) == plugin_rules
     assert front_end._validate_device is device_check
 
@@ -142,3 +143,38 @@ def test_torch_flex_attention_with_captured_tensors_under_implicit_replication()
             torch.testing.assert_close(
                 dt_cp.unshard_sequence(got.grad, 2), r.grad, atol=1e-10, rtol=0
             )
+
+
+def test_deprecated_install_flex_rule_goes_through_dt_core_only() -> None:
+    """With autoload off nothing is installed; the deprecated call warns and activates
+    dt-core (the one install path: the HOP rules and the flex check's patch come from
+    there), and `remove_flex_rule()` deactivates what it activated, torch's check back."""
+    from dt_core.testing.scripts import run_python
+
+    out = run_python(
+        """
+        import warnings
+        import torch
+        import dt_core, dt_cp
+        import torch.nn.attention.flex_attention as front_end
+        from torch._higher_order_ops.flex_attention import flex_attention_backward
+        from torch.distributed.tensor import DTensor
+
+        original = front_end._validate_device
+        print("BEFORE", dt_core.is_active(), DTensor in flex_attention_backward.python_key_table)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dt_cp.install_flex_rule()
+        print("WARNED", [w.category.__name__ for w in caught])
+        rule = DTensor in flex_attention_backward.python_key_table
+        print("AFTER", dt_core.is_active(), rule, front_end._validate_device is not original)
+        dt_cp.remove_flex_rule()
+        rule = DTensor in flex_attention_backward.python_key_table
+        print("REMOVED", dt_core.is_active(), rule, front_end._validate_device is original)
+        """,
+        env={**__import__("os").environ, "DT_PLUGINS_AUTOLOAD": "0"},
+    )
+    assert "BEFORE False False" in out, out
+    assert "WARNED ['DeprecationWarning']" in out, out
+    assert "AFTER True True True" in out, out
+    assert "REMOVED False False True" in out, out

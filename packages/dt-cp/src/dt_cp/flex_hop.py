@@ -7,8 +7,9 @@ converted here.
 
 The plugin contributes these rules through dt-core's `dt_hop_rules` hook, so they are in
 place as soon as DTensor is imported. torch 2.13's front end refuses CPU inputs that need
-gradients before any rule runs (`_validate_device`); dt-core's compat layer defers that
-one check for DTensors while a DTensor backward rule is registered.
+gradients before any rule runs (`_validate_device`); dt-cp's compat area contributes a
+patch (installed and put back by dt-core) that defers that one check for DTensors while a
+DTensor backward rule is registered.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from .plan import batch_head_offsets, make_plan, refuse_fallback_if_permuted
 from .sparsity import BlockVisibility
 
 LN2 = math.log(2.0)
-_installed: dict[str, Any] = {}
+# Whether the deprecated `install_flex_rule` activated dt-core (so `remove_flex_rule` may
+# deactivate it again).
+_activated_here: list[bool] = []
 
 
 def _plain(buffers: tuple) -> tuple:
@@ -193,40 +196,28 @@ def hop_backward(
 
 
 def install_flex_rule() -> None:
-    """Deprecated: the plugin installs these rules itself. Still installs them (e.g. with
-    autoload off); `remove_flex_rule()` puts back whatever was registered before."""
-    from dt_cp.compat.attention import (
-        defer_flex_cpu_backward_check,
-        flex_attention_hops,
-        install_hop_subclass_impl,
-    )
+    """Deprecated: installing dt-cp contributes these rules through dt-core (hook
+    `dt_hop_rules`), the one install path. Kept for old callers (e.g. with autoload off):
+    activates dt-core's plugins if nothing did yet; `remove_flex_rule()` undoes that."""
+    import dt_core
 
     warnings.warn(
         "dt_cp.install_flex_rule() is no longer needed: installing dt-cp registers the "
-        "flex_attention rules (dt-core hook dt_hop_rules)",
+        "flex_attention rules (dt-core hook dt_hop_rules); with autoload off, call "
+        "dt_core.activate()",
         DeprecationWarning,
         stacklevel=2,
     )
-    hop, hop_b = flex_attention_hops()
-    if _installed:
-        return
-    defer_flex_cpu_backward_check()
-    _installed["forward"] = install_hop_subclass_impl(hop, DTensor, hop_forward)
-    _installed["backward"] = install_hop_subclass_impl(hop_b, DTensor, hop_backward)
+    if not dt_core.is_active():
+        dt_core.activate()
+        _activated_here.append(True)
 
 
 def remove_flex_rule() -> None:
-    """Deprecated with `install_flex_rule`, which it undoes."""
-    from dt_cp.compat.attention import (
-        flex_attention_hops,
-        remove_hop_subclass_impl,
-        restore_flex_cpu_backward_check,
-    )
+    """Deprecated with `install_flex_rule`: deactivates dt-core's plugins if that call
+    activated them (otherwise they stay: dt-core owns the rules)."""
+    import dt_core
 
-    hop, hop_b = flex_attention_hops()
-
-    if not _installed:
-        return
-    remove_hop_subclass_impl(hop, DTensor, _installed.pop("forward"))
-    remove_hop_subclass_impl(hop_b, DTensor, _installed.pop("backward"))
-    restore_flex_cpu_backward_check()  # what install_flex_rule's defer replaced, if anything
+    if _activated_here:
+        _activated_here.clear()
+        dt_core.deactivate()
