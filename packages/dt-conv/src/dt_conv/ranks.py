@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from dt_core.compat import local_tensor as compat
+from dt_core.tracing import simulates_ranks
 from torch.distributed.device_mesh import DeviceMesh
 
 T = TypeVar("T")
@@ -28,8 +29,10 @@ _coords: contextvars.ContextVar[dict[DeviceMesh, tuple[int, ...]] | None] = cont
 
 
 def simulated() -> bool:
-    """Whether torch's LocalTensorMode simulates the ranks (and this is not per-rank code)."""
-    return _coords.get() is None and compat.enabled_mode() is not None
+    """Whether torch's LocalTensorMode simulates the ranks here (dt-core's one check,
+    `simulates_ranks()`: the mode entered and enabled) and this is not dt-conv's per-rank
+    code (`each_rank`, where one rank's plain coordinates are at hand)."""
+    return _coords.get() is None and simulates_ranks()
 
 
 def local_rank(mesh: DeviceMesh, mesh_dim: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .compat import local_tensor as _local_tensor
 from .compat import tracing as _compat
 
 
@@ -39,15 +40,24 @@ def is_tracing(*values: Any) -> bool:
 
 
 def simulates_ranks(*values: Any) -> bool:
-    """Whether torch's LocalTensorMode runs several ranks in this process (eager, but
-    rank-dependent Python sees per-rank symbolic ints rather than one rank)."""
-    if _compat.local_tensor_mode_active():
+    """Whether this call works on simulated ranks: the one check every plugin asks.
+
+    torch's LocalTensorMode runs every rank in this process (eager, over a fake process
+    group; rank-dependent Python sees per-rank integers, not one rank's). True when
+
+    - a LocalTensorMode is entered and enabled here. Inside `mode.disable()` (per-rank
+      code, e.g. `compat.local_tensor.run_per_rank`, on one rank's plain tensors) it is
+      not: there the code is a real rank's;
+    - or, with `values` given, one of them is or wraps a LocalTensor (simulated ranks'
+      data, also outside its mode).
+
+    Called without values it answers for the mode alone. Per-plugin context (dt-conv's
+    per-rank code) is the plugin's own extra condition.
+    """
+    if _local_tensor.enabled_mode() is not None:
         return True
-    local_type = _compat.local_tensor_type()
-    if local_type is None:
-        return False
     return any(
-        isinstance(v, local_type) or any(isinstance(t, local_type) for t in _inner(v))
+        _local_tensor.is_local_tensor(v) or any(_local_tensor.is_local_tensor(t) for t in _inner(v))
         for v in values
     )
 

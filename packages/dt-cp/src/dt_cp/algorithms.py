@@ -10,19 +10,20 @@ every rank while it runs. Traced (torch.compile), it is one gather (`dt_cp::all_
 and one reduce-scatter (`dt_cp::reduce_scatter_seq`) around the same block computation.
 ring: the same exchange in small chunks, a few in flight (merged by log-sum-exp as they
 come): a rank holds its own block and a few chunks, never a foreign block whole.
+
+Which of them runs is the plan's decision (`plan.choose_path`); `executors.py` maps it to
+the functions here, so nothing in this module decides again.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 from dt_core.compat.process_groups import is_fake_group
-from dt_core.tracing import is_tracing
 
 from . import blocks
 from .blocks import (
@@ -33,38 +34,12 @@ from .blocks import (
     Saved,
     block_backward,
     block_forward,
+    gathered_backward,
+    gathered_forward,
     piece_starts,
 )
 from .comm import RingStep, group_of
-from .layout import Range, SequenceLayout
-
-
-@dataclass(frozen=True)
-class Shards:
-    """Who holds which positions: the query and key layouts over one process group."""
-
-    q_layout: SequenceLayout
-    kv_layout: SequenceLayout
-    group: str  # process group name (the mesh dim that shards the sequence)
-    rank: int
-    # Under LocalTensorMode only: the global ranks of every group along the sequence's
-    # mesh dim, each in group-rank order (see `simulated.py`). None: real processes.
-    rank_groups: tuple[tuple[int, ...], ...] | None = None
-
-    @classmethod
-    def local(cls, q_len: int, kv_len: int) -> Shards:
-        """No sequence sharding: the whole sequence on this rank."""
-        return cls(SequenceLayout(q_len, 1), SequenceLayout(kv_len, 1), "", 0)
-
-    @property
-    def parts(self) -> int:
-        return self.kv_layout.parts
-
-    def q_ranges(self) -> list[Range]:
-        return self.q_layout.ranges(self.rank)
-
-    def all_kv_ranges(self) -> list[Range]:
-        return [r for j in range(self.parts) for r in self.kv_layout.ranges(j)]
+from .layout import Range, Shards
 
 
 def _gather(shards: Shards, kv: KV) -> KV:
@@ -75,33 +50,14 @@ def _gather(shards: Shards, kv: KV) -> KV:
 # --- all-gather, as one traceable computation -------------------------------------------
 
 
-def gathered_forward(
-    spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv_all: KV
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The all-gather algorithm once K/V of every rank are here (in rank order)."""
-    acc = Accumulator(q, kv_all.v.shape[-1])
-    rows = blocks.GATHERED_RANGE_ROWS
-    block_forward(spec, acc, q, shards.q_ranges(), kv_all, shards.all_kv_ranges(), rows)
-    return acc.result(q.dtype)
-
-
-def gathered_backward(spec: AttentionSpec, shards: Shards, saved: Saved, kv_all: KV) -> Grads:
-    """dq and this rank's share of dK/dV for the whole gathered sequence (to be summed)."""
-    dq = torch.zeros_like(saved.q)
-    q_ranges, kv_ranges = shards.q_ranges(), shards.all_kv_ranges()
-    rows = blocks.GATHERED_RANGE_ROWS
-    grads = block_backward(spec, dq, saved, q_ranges, kv_all, kv_ranges, rows=rows)
-    return Grads(dq, *grads)
-
-
-def _traced_forward(
+def traced_forward(
     spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv: KV
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All-gather under torch.compile: functional collectives (`dt_cp::all_gather_seq`)."""
     return gathered_forward(spec, shards, q, _gather(shards, kv))
 
 
-def _traced_backward(spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV) -> Grads:
+def traced_backward(spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV) -> Grads:
     """Gather again, and reduce-scatter the dK/dV shares (`dt_cp::reduce_scatter_seq`)."""
     dq, dk_all, dv_all = gathered_backward(spec, shards, saved, _gather(shards, kv))
     sizes = shards.kv_layout.sizes()
@@ -412,38 +368,26 @@ def _own_cut(spec: AttentionSpec, ranges: list[Range], n: int, rows: int | None)
     return min([*piece_starts(spec, ranges, rows), n], key=lambda row: abs(row - target))
 
 
-# --- which one runs -----------------------------------------------------------------------
+# --- the eager executors, one per path (`executors.EXECUTORS`) --------------------------
 
 
-def run_forward(
-    algorithm: str, spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv: KV
+def ring_forward(
+    spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv: KV
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, lse, max score) of the local queries; max is -inf unless the math kernel ran."""
-    from . import simulated
-
-    if simulated.active(q):
-        return simulated.forward(algorithm, spec, shards, q, kv)
-    if shards.parts == 1:
-        return gathered_forward(spec, shards, q, kv)
-    if is_tracing(q):
-        return _traced_forward(spec, shards, q, kv)
-    return exchanged_forward(spec, shards, q, kv, _schedule(algorithm, shards))
+    """The ring: other blocks in small chunks, a few in flight."""
+    return exchanged_forward(spec, shards, q, kv, Schedule.ring(shards))
 
 
-def run_backward(
-    algorithm: str, spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV
-) -> Grads:
-    """dq, dk, dv of the local shards (dK/dV summed over every rank's queries)."""
-    from . import simulated
-
-    if simulated.active(saved.q):
-        return simulated.backward(algorithm, spec, shards, saved, kv)
-    if shards.parts == 1:
-        return gathered_backward(spec, shards, saved, kv)
-    if is_tracing(saved.q):
-        return _traced_backward(spec, shards, saved, kv)
-    return exchanged_backward(spec, shards, saved, kv, _schedule(algorithm, shards))
+def ring_backward(spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV) -> Grads:
+    return exchanged_backward(spec, shards, saved, kv, Schedule.ring(shards))
 
 
-def _schedule(algorithm: str, shards: Shards) -> Schedule:
-    return Schedule.ring(shards) if algorithm == "ring" else Schedule.allgather(shards)
+def allgather_forward(
+    spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv: KV
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The all-gather run eagerly: whole blocks, all in flight from the start."""
+    return exchanged_forward(spec, shards, q, kv, Schedule.allgather(shards))
+
+
+def allgather_backward(spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV) -> Grads:
+    return exchanged_backward(spec, shards, saved, kv, Schedule.allgather(shards))

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 from dt_core.kit import Counters
 
-from .layout import Range
+from .layout import Range, Shards
 
 Position = tuple[int, int, int, int]  # (q0, qn, k0, kn): a range pair in global positions
 
@@ -440,3 +440,25 @@ def block_backward(
         grads.v[:, :, kl : kl + kn] += g.dv
         del g  # the next call's temporaries must not meet this call's
     return grads
+
+
+# --- every block at once: the local path, the traced and the simulated all-gather ---------
+
+
+def gathered_forward(
+    spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv_all: KV
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The local queries over K/V of every rank, here in rank order (gathered, simulated,
+    or the whole sequence when nothing is sharded)."""
+    acc = Accumulator(q, kv_all.v.shape[-1])
+    rows = GATHERED_RANGE_ROWS
+    block_forward(spec, acc, q, shards.q_ranges(), kv_all, shards.all_kv_ranges(), rows)
+    return acc.result(q.dtype)
+
+
+def gathered_backward(spec: AttentionSpec, shards: Shards, saved: Saved, kv_all: KV) -> Grads:
+    """dq and this rank's share of dK/dV for the whole gathered sequence (to be summed)."""
+    dq = torch.zeros_like(saved.q)
+    q_ranges, kv_ranges = shards.q_ranges(), shards.all_kv_ranges()
+    grads = block_backward(spec, dq, saved, q_ranges, kv_all, kv_ranges, rows=GATHERED_RANGE_ROWS)
+    return Grads(dq, *grads)

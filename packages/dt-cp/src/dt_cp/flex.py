@@ -19,9 +19,10 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import Unsupported, replicated, warn_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
-from .algorithms import Shards, run_backward, run_forward
 from .blocks import KV, AttentionSpec, Saved, autograd_vjp
-from .plan import batch_head_offsets, make_plan, refuse_fallback_if_permuted
+from .executors import EXECUTORS
+from .layout import Shards
+from .plan import Path, batch_head_offsets, choose_path, make_plan, refuse_fallback_if_permuted
 from .sparsity import BlockVisibility
 
 LN2 = math.log(2.0)
@@ -48,7 +49,8 @@ def create_block_mask(
 
 
 class _ContextParallelFlex(torch.autograd.Function):
-    """Autograd over local shards: backward re-runs the algorithm (ring re-passes K/V)."""
+    """Autograd over local shards: backward re-runs the path's executor (the ring
+    re-passes K/V); the path is the forward's plan's, decided once."""
 
     @staticmethod
     def forward(
@@ -58,20 +60,20 @@ class _ContextParallelFlex(torch.autograd.Function):
         v: torch.Tensor,
         spec: AttentionSpec,
         shards: Shards,
-        algorithm: str,
+        path: Path,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse, _ = run_forward(algorithm, spec, shards, q, KV(k, v))
+        out, lse, _ = EXECUTORS[path].forward(spec, shards, q, KV(k, v))
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.setup = (spec, shards, algorithm)
+        ctx.setup = (spec, shards, path)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor, _dlse: torch.Tensor | None) -> tuple:
         q, k, v, out, lse = ctx.saved_tensors
-        spec, shards, algorithm = ctx.setup
+        spec, shards, path = ctx.setup
         saved = Saved(dout.contiguous(), q, out, lse)
-        return *run_backward(algorithm, spec, shards, saved, KV(k, v)), None, None, None
+        return *EXECUTORS[path].backward(spec, shards, saved, KV(k, v)), None, None, None
 
 
 def _mods(score_mod: Any, block_mask: Any, q_len: int, kv_len: int) -> Any:
@@ -151,10 +153,9 @@ def flex_attention(
         head_offset=h_off,
         visible=visible,
     )
-    shards = plan.shards or Shards.local(query.shape[2], key.shape[2])
     key_local, value_local = (cast(DTensor, t).to_local() for t in (key, value))  # planned
     out, lse = _ContextParallelFlex.apply(
-        query.to_local(), key_local, value_local, spec, shards, plan.algorithm
+        query.to_local(), key_local, value_local, spec, plan.shards, plan.path
     )
     b_, h_, n, _ = query.shape
     out = as_dtensor(out, plan.mesh, plan.placements, (b_, h_, n, value.shape[-1]))
@@ -181,9 +182,9 @@ def _fallback(
     vjp = autograd_vjp(score) if score is not None else None
     spec = AttentionSpec(scale, score_mod=score, mask_mod=masked, score_mod_vjp=vjp)
     shards = Shards.local(query.shape[2], key.shape[2])
-    out, lse = _ContextParallelFlex.apply(
-        replicated(query), replicated(key), replicated(value), spec, shards, "allgather"
-    )
+    q, k, v = replicated(query), replicated(key), replicated(value)
+    path = choose_path("allgather", q)  # the whole sequence here: local or simulated
+    out, lse = _ContextParallelFlex.apply(q, k, v, spec, shards, path)
     target = [Replicate() if p.is_partial() else p for p in query.placements]
     out = as_dtensor(out, mesh, rep, out.shape).redistribute(mesh, target)
     if not return_lse:

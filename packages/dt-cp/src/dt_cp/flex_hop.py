@@ -25,11 +25,11 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import Unsupported
 from torch.distributed.tensor import DTensor
 
-from .algorithms import Shards, run_backward, run_forward
 from .blocks import KV, AttentionSpec, Saved
 from .compat import attention
 from .config import settings
-from .plan import batch_head_offsets, make_plan, refuse_fallback_if_permuted
+from .executors import EXECUTORS
+from .plan import CpPlan, batch_head_offsets, make_plan, refuse_fallback_if_permuted
 from .sparsity import BlockVisibility
 
 LN2 = math.log(2.0)
@@ -69,7 +69,8 @@ def _setup(
     score_buffers: tuple,
     mask_buffers: tuple,
     joint_graph: Any = None,
-) -> tuple:
+) -> tuple[CpPlan, AttentionSpec]:
+    """The plan (its path decided once) and what to compute, as the HOP gives them."""
     from dt_core.tracing import is_tracing, simulates_ranks
 
     traced = is_tracing(block_mask[2])
@@ -109,7 +110,7 @@ def _setup(
         head_offset=h_off,
         visible=None if traced or no_mask else BlockVisibility.from_tuple(block_mask),
     )
-    return plan, spec, plan.shards or Shards.local(query.shape[2], key.shape[2])
+    return plan, spec
 
 
 def hop_forward(
@@ -123,7 +124,7 @@ def hop_forward(
     score_mod_other_buffers: tuple = (),
     mask_mod_other_buffers: tuple = (),
 ) -> tuple:
-    plan, spec, shards = _setup(
+    plan, spec = _setup(
         query,
         key,
         value,
@@ -135,7 +136,7 @@ def hop_forward(
     )
     with torch.no_grad():
         kv = KV(key.to_local(), value.to_local())
-        out, lse, mx = run_forward(plan.algorithm, spec, shards, query.to_local(), kv)
+        out, lse, mx = EXECUTORS[plan.path].forward(spec, plan.shards, query.to_local(), kv)
     b_, h_, n, _ = query.shape
     stats = (b_, h_, n)
     return (
@@ -165,7 +166,7 @@ def hop_backward(
         g = grad_logsumexp.to_local() if isinstance(grad_logsumexp, DTensor) else grad_logsumexp
         if bool((g != 0).any()):
             raise NotImplementedError("dt-cp: gradients through flex_attention's lse")
-    plan, spec, shards = _setup(
+    plan, spec = _setup(
         query,
         key,
         value,
@@ -187,7 +188,7 @@ def hop_backward(
     lse = lse2.to(torch.float64 if q.dtype == torch.float64 else torch.float32) * LN2
     with torch.no_grad():
         saved = Saved(dout.contiguous(), q, o, lse)
-        dq, dk, dv = run_backward(plan.algorithm, spec, shards, saved, KV(k, v))
+        dq, dk, dv = EXECUTORS[plan.path].backward(spec, plan.shards, saved, KV(k, v))
     wrapped = tuple(
         as_dtensor(g_.contiguous(), plan.mesh, pl, t.shape)
         for g_, t in zip((dq, dk, dv), (query, key, value), strict=True)

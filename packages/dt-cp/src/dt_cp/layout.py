@@ -94,6 +94,34 @@ class SequenceLayout:
         return torch.cat([self.positions(r, device) for r in range(self.parts)])
 
 
+@dataclass(frozen=True)
+class Shards:
+    """Who holds which positions: the query and key layouts over one process group."""
+
+    q_layout: SequenceLayout
+    kv_layout: SequenceLayout
+    group: str  # process group name (the mesh dim that shards the sequence)
+    rank: int
+    # Under LocalTensorMode only: the global ranks of every group along the sequence's
+    # mesh dim, each in group-rank order (see `simulated.py`). None: real processes.
+    rank_groups: tuple[tuple[int, ...], ...] | None = None
+
+    @classmethod
+    def local(cls, q_len: int, kv_len: int) -> Shards:
+        """No sequence sharding: the whole sequence on this rank."""
+        return cls(SequenceLayout(q_len, 1), SequenceLayout(kv_len, 1), "", 0)
+
+    @property
+    def parts(self) -> int:
+        return self.kv_layout.parts
+
+    def q_ranges(self) -> list[Range]:
+        return self.q_layout.ranges(self.rank)
+
+    def all_kv_ranges(self) -> list[Range]:
+        return [r for j in range(self.parts) for r in self.kv_layout.ranges(j)]
+
+
 def runs(positions: torch.Tensor) -> tuple[Range, ...]:
     """1-D global `positions` (in local order) as maximal contiguous (start, length) ranges."""
     if positions.numel() == 0:

@@ -3,22 +3,26 @@
 Supported: q, k, v on one mesh with identical placements, the sequence (dim 2 of
 (batch, heads, seq, dim)) sharded on exactly one mesh dim, other mesh dims replicated or
 sharding batch / heads evenly. Anything else falls back (exactly) with a warning.
+
+The plan also decides, once, where the call runs (`CpPlan.path`, `choose_path`); the
+handlers run the executor `executors.EXECUTORS` holds for that path and decide nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from dt_core.dtensors import forget_warnings, warn_once
 from dt_core.kit import Unsupported, forget_fallback_warnings
+from dt_core.tracing import is_tracing, simulates_ranks
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
-from .algorithms import Shards
 from .config import current
-from .layout import SequenceLayout
+from .layout import SequenceLayout, Shards
 from .torch_cp import (
     active_state,
     check_even_local_lengths,
@@ -28,6 +32,14 @@ from .torch_cp import (
 )
 
 SEQ_DIM = 2
+
+# Where a call runs, decided once by `choose_path`:
+#   "local"      nothing to exchange (the sequence is not sharded, or on one rank)
+#   "simulated"  LocalTensorMode: the all-gather once per simulated rank (`simulated.py`)
+#   "traced"     torch.compile / fake tensors: the all-gather as functional collectives
+#   "ring"       eager, the other ranks' blocks in small chunks, a few in flight
+#   "allgather"  eager, whole blocks, all in flight at once
+Path = Literal["local", "simulated", "traced", "ring", "allgather"]
 
 
 def reset_warnings() -> None:
@@ -42,8 +54,8 @@ class CpPlan:
     mesh: DeviceMesh
     placements: tuple[Placement, ...]
     cp_dim: int | None  # mesh dim sharding the sequence; None: nothing to exchange
-    shards: Shards | None
-    algorithm: str
+    shards: Shards  # `Shards.local` where cp_dim is None
+    path: Path  # the executor that runs (`executors.EXECUTORS`)
 
 
 def _norm(p: Placement, ndim: int) -> Placement:
@@ -126,7 +138,8 @@ def make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan:
             raise Unsupported("attn_mask has a batch/head dim while batch/heads are sharded")
     settings = current()
     if not cp_dims:
-        return CpPlan(mesh, pq, None, None, settings.algorithm)
+        shards = Shards.local(q.shape[SEQ_DIM], k.shape[SEQ_DIM])
+        return CpPlan(mesh, pq, None, shards, choose_path(settings.algorithm, q.to_local()))
     cp = cp_dims[0]
     parts = mesh.size(cp)
     group = mesh.get_group(cp).group_name
@@ -143,57 +156,74 @@ def make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan:
         check_settings_agree(torch_state, settings)
         q_layout = torch_layout(torch_state, q.shape[SEQ_DIM], parts, "query", settings)
         kv_layout = torch_layout(torch_state, k.shape[SEQ_DIM], parts, "key", settings)
-        from dt_core.tracing import is_tracing
-
         if not is_tracing(q.to_local()):
             local = {"query": q.to_local(), "key": k.to_local(), "value": v.to_local()}
             check_even_local_lengths(local, parts, group)
         algorithm = torch_algorithm(torch_state, settings)
-    shards = Shards(q_layout, kv_layout, group, mesh.get_local_rank(cp), _rank_groups(mesh, cp))
-    return CpPlan(mesh, pq, cp, shards, choose_algorithm(algorithm, q))
+    path = choose_path(algorithm, q.to_local(), parts)
+    groups = _rank_groups(mesh, cp) if path == "simulated" else None
+    shards = Shards(q_layout, kv_layout, group, mesh.get_local_rank(cp), groups)
+    return CpPlan(mesh, pq, cp, shards, path)
 
 
-def _rank_groups(mesh: DeviceMesh, cp: int) -> tuple[tuple[int, ...], ...] | None:
-    """Every group along mesh dim `cp` (global ranks in group order), under LocalTensorMode
-    only: one process computes for all of them (`simulated.py`)."""
+def _rank_groups(mesh: DeviceMesh, cp: int) -> tuple[tuple[int, ...], ...]:
+    """Every group along mesh dim `cp` (global ranks in group order), for the simulated
+    path: one process computes for all of them (`simulated.py`)."""
     from dt_core.compat.local_tensor import enabled_mode, mode_disabled
 
-    mode = enabled_mode()
-    if mode is None:
-        return None
-    with mode_disabled(mode):
+    with mode_disabled(enabled_mode()):
         rows = mesh.mesh.movedim(cp, -1).reshape(-1, mesh.size(cp)).tolist()
     return tuple(tuple(int(r) for r in row) for row in rows)
 
 
-def choose_algorithm(algorithm: str, like: DTensor) -> str:
-    """The configured algorithm; "auto" gets the measured default, or the all-gather
-    where the ring cannot run (traced code, LocalTensorMode's simulated ranks)."""
-    from dt_core.tracing import is_tracing
+def choose_path(algorithm: str, like: torch.Tensor, parts: int | None = None) -> Path:
+    """Where a call on local shards like `like` runs, decided here only.
 
-    from . import simulated
-
-    local = like.to_local()
-    traced = is_tracing(local)
+    `algorithm` is the configured one ("auto", "ring", "allgather"); `parts` the ranks
+    sharing the sequence, None where it is not sharded (then only "local" or
+    "simulated"). The ring cannot run traced (its point-to-point sends do not trace) nor
+    on simulated ranks (no sends there): the all-gather runs instead, said once where
+    "ring" was asked for; "auto" gets the measured default (`DEFAULT_ALGORITHM`) where
+    it can run, else the all-gather silently.
+    """
+    simulated = simulates_ranks()  # LocalTensorMode entered and enabled here
+    if parts is None:
+        return "simulated" if simulated else "local"
+    traced = is_tracing(like)
     if algorithm == "ring" and traced:
-        warn_fallback_once_compile()
-        return "allgather"
+        _warn_ring_once(RING_UNDER_COMPILE)
+        algorithm = "allgather"
+    if simulated:
+        if algorithm == "ring" and parts > 1:
+            _warn_ring_once(RING_UNDER_LOCAL_TENSOR_MODE)
+        return "simulated"
+    if parts == 1:
+        return "local"
+    if traced:
+        return "traced"
     if algorithm == "auto":
-        return "allgather" if traced or simulated.active(local) else DEFAULT_ALGORITHM
-    return algorithm
+        return DEFAULT_ALGORITHM
+    return "ring" if algorithm == "ring" else "allgather"
 
 
 # Chosen by measurement (benchmarks/run.py): see README.
-DEFAULT_ALGORITHM = "ring"
+DEFAULT_ALGORITHM: Path = "ring"
+
+RING_UNDER_COMPILE = (
+    "dt-cp: ring under torch.compile",
+    "dt-cp: the ring algorithm runs eagerly only (point-to-point sends do not trace); "
+    "under torch.compile the exact all-gather algorithm is used instead",
+)
+RING_UNDER_LOCAL_TENSOR_MODE = (
+    "dt-cp: ring under LocalTensorMode",
+    "dt-cp: the ring algorithm's point-to-point sends do not run under "
+    "LocalTensorMode; there each simulated rank runs the exact all-gather algorithm",
+)
 
 
-def warn_fallback_once_compile() -> None:
-    warn_once(
-        "dt-cp: ring under torch.compile",
-        "dt-cp: the ring algorithm runs eagerly only (point-to-point sends do not trace); "
-        "under torch.compile the exact all-gather algorithm is used instead",
-        stacklevel=4,
-    )
+def _warn_ring_once(note: tuple[str, str]) -> None:
+    """One warning per note (choose_path <- make_plan <- the handler's own planning)."""
+    warn_once(*note, stacklevel=4)
 
 
 def to_placements(t: object, mesh: DeviceMesh, placements: Sequence[Placement]) -> object:

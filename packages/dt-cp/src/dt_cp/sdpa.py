@@ -5,7 +5,8 @@
 land there), on CUDA the flash / efficient / cuDNN kernels; each has a backward op.
 Dropout, or value head dims unlike q's, make torch pick its decomposed math path
 instead, which this plugin leaves to torch. The handlers run one of the exact
-algorithms on the local shards and wrap the results as DTensors sharded like q; extra
+algorithms on the local shards — the executor of the path the plan decided
+(`executors.EXECUTORS[plan.path]`) — and wrap the results as DTensors sharded like q; extra
 outputs (RNG state, sequence offsets) are placeholders only our backward reads.
 """
 
@@ -21,8 +22,8 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import Unsupported, bind_arguments, replicated_fallback
 from torch.distributed.tensor import DTensor, Replicate
 
-from .algorithms import Shards, run_backward, run_forward
 from .blocks import KV, AttentionSpec, Saved
+from .executors import EXECUTORS
 from .plan import (
     CpPlan,
     full_mask,
@@ -107,10 +108,6 @@ def _local(t: object) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else cast(torch.Tensor, t)
 
 
-def _shards(plan: CpPlan, q: DTensor, k: DTensor) -> Shards:
-    return plan.shards or Shards.local(q.shape[2], k.shape[2])
-
-
 def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
     info = FORWARD[op_call._schema.name.split("::")[-1]]
     a = bind_arguments(op_call, args, kwargs)
@@ -124,7 +121,7 @@ def forward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
     with torch.no_grad():
         kv = KV(k.to_local(), v.to_local())
-        out, lse, _ = run_forward(plan.algorithm, spec, _shards(plan, q, k), q.to_local(), kv)
+        out, lse, _ = EXECUTORS[plan.path].forward(spec, plan.shards, q.to_local(), kv)
     b_, h_, n, _ = q.shape
     mesh, pl = plan.mesh, plan.placements
     rep = [Replicate()] * mesh.ndim
@@ -156,9 +153,8 @@ def backward_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) 
     spec = _spec(q, k, a["is_causal"], mask, a["scale"])
     saved = Saved(*(_local(t) for t in (dout, q, out, lse)))
     with torch.no_grad():
-        grads = run_backward(
-            plan.algorithm, spec, _shards(plan, q, k), saved, KV(_local(k), _local(v))
-        )
+        kv = KV(_local(k), _local(v))
+        grads = EXECUTORS[plan.path].backward(spec, plan.shards, saved, kv)
     wrapped = tuple(
         as_dtensor(g.contiguous(), mesh, pl, t.shape) for g, t in zip(grads, (q, k, v), strict=True)
     )

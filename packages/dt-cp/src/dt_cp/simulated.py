@@ -6,7 +6,8 @@ all-gather algorithm runs on a real rank: the K/V every rank of its group holds 
 here, the rank's own ranges and offsets are plain ints, and the dK/dV shares are summed
 over the group. The arithmetic is a real rank's, so results are exact. The ring's
 point-to-point sends have no counterpart there; "ring" runs the all-gather algorithm,
-said once (its values are the same; `test_sweep.py` checks the ring on real processes).
+said once by the plan, which picks this path (`plan.choose_path`; its values are the
+same; `test_sweep.py` checks the ring on real processes).
 """
 
 from __future__ import annotations
@@ -16,29 +17,13 @@ from typing import TypeVar
 
 import torch
 from dt_core.compat import local_tensor as compat
-from dt_core.dtensors import warn_once
 
-from .algorithms import Shards, gathered_backward, gathered_forward
-from .blocks import KV, AttentionSpec, Grads, Saved
+from .blocks import KV, AttentionSpec, Grads, Saved, gathered_backward, gathered_forward
+from .layout import Shards
 
 Record = TypeVar("Record", KV, Saved)
 
 SEQ_DIM = 2
-
-
-def active(t: torch.Tensor) -> bool:
-    """Whether `t` is a LocalTensor under an enabled LocalTensorMode."""
-    return compat.is_local_tensor(t) and compat.enabled_mode() is not None
-
-
-def _note_ring(algorithm: str, shards: Shards) -> None:
-    if algorithm == "ring" and shards.parts > 1:
-        warn_once(
-            "dt-cp: ring under LocalTensorMode",
-            "dt-cp: the ring algorithm's point-to-point sends do not run under "
-            "LocalTensorMode; there each simulated rank runs the exact all-gather algorithm",
-            stacklevel=5,
-        )
 
 
 def _values(t: torch.Tensor, ranks: list[int]) -> dict[int, torch.Tensor]:
@@ -83,10 +68,9 @@ def _on_rank(
 
 
 def forward(
-    algorithm: str, spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv: KV
+    spec: AttentionSpec, shards: Shards, q: torch.Tensor, kv: KV
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`run_forward` for every simulated rank at once (LocalTensors in, LocalTensors out)."""
-    _note_ring(algorithm, shards)
+    """The all-gather for every simulated rank at once (LocalTensors in, LocalTensors out)."""
     mode = compat.enabled_mode()
     ranks = compat.simulated_ranks_of(mode)
     qs, kvs = _values(q, ranks), _per_rank(kv, ranks)
@@ -98,9 +82,9 @@ def forward(
     return _combine(results)
 
 
-def backward(algorithm: str, spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV) -> Grads:
-    """`run_backward` for every simulated rank: dK/dV shares summed over each group."""
-    _note_ring(algorithm, shards)
+def backward(spec: AttentionSpec, shards: Shards, saved: Saved, kv: KV) -> Grads:
+    """The all-gather's backward for every simulated rank: dK/dV shares summed over each
+    group."""
     mode = compat.enabled_mode()
     ranks = compat.simulated_ranks_of(mode)
     saveds, kvs = _per_rank(saved, ranks), _per_rank(kv, ranks)

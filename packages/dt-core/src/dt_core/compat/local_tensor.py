@@ -92,7 +92,9 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
 
 
 def enabled_mode() -> Any | None:
-    """The LocalTensorMode in force here (entered and not disabled), else None."""
+    """The LocalTensorMode in force here (entered and not disabled), else None: the mode
+    itself, to disable it or read its ranks. Whether ranks are simulated is asked of
+    `dt_core.tracing.simulates_ranks`, which reads this."""
     import sys
 
     if MODULE not in sys.modules:  # nobody entered one: keep torch's private module unloaded

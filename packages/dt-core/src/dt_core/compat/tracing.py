@@ -60,25 +60,6 @@ def inner_tensors(t: Any) -> list[Any]:
     return [getattr(t, n) for n in names]
 
 
-def local_tensor_mode_active() -> bool:
-    """Whether torch's LocalTensorMode simulates several ranks in this process."""
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    import sys
-
-    module = sys.modules.get("torch.distributed._local_tensor")
-    return module is not None and module.enabled_local_tensor_mode() is not None
-
-
-def local_tensor_type() -> type | None:
-    """torch's LocalTensor class (one tensor per simulated rank), if this torch has it."""
-    ensure_supported_torch(CHECKED_WITH_TORCH)
-    try:
-        from torch.distributed._local_tensor import LocalTensor
-    except ImportError:  # pragma: no cover - depends on the torch build
-        return None
-    return LocalTensor
-
-
 @contextmanager
 def no_dispatch_modes() -> Iterator[None]:
     """Run a block with every Python dispatch mode popped (no tracer records it): for
