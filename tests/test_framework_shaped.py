@@ -1,6 +1,7 @@
 """Llama-style blocks wired the way torchtitan wires them, on 4 gloo ranks (2 x 2 meshes,
-compiled) and 8 (2 x 2 x 2, eager), every plugin installed: FSDP2 (`fully_shard` per block, then the root), tensor parallelism through
-`parallelize_module` with sequence parallelism, context parallelism through torch's
+compiled) and 8 (2 x 2 x 2, eager), every plugin installed: FSDP2 (`fully_shard` per
+block, then the root), tensor parallelism through `parallelize_module` with sequence
+parallelism, context parallelism through torch's
 `_ContextParallel` wrapper with `_context_parallel_shard` and its head-tail balancer,
 each block compiled on its own with `_micro_pipeline_tp` on, AdamW.
 
