@@ -34,7 +34,7 @@ from .channels import (
     local_weight,
     weight_gradient,
 )
-from .plan import ConvPlan, conv_rows, in_exchange_order, make_plan
+from .plan import ConvPlan, in_exchange_order, make_plan, overlap_rows
 
 aten = torch.ops.aten
 
@@ -231,7 +231,7 @@ def _overlapped_gradients(
         _, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, [False, True, mask[2]])
         return gw, gb
 
-    rows = conv_rows(plan) if len(plan.splits) > 1 else None
+    rows = overlap_rows(plan) if len(plan.splits) > 1 else None
     if rows is None:
         gi, (gw, gb) = overlapped_gradients(plan.spatial, xl, input_grad, weight_grads)
         return gi, gw, gb

@@ -22,7 +22,7 @@ from .channels import (
     local_weight,
     output_placements,
 )
-from .plan import ConvPlan, conv_rows, in_exchange_order, local_conv, local_out_shape, make_plan
+from .plan import ConvPlan, in_exchange_order, local_conv, local_out_shape, make_plan, overlap_rows
 
 
 def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
@@ -86,7 +86,7 @@ def _interior_first(
     travel (`engine.overlap.forward`). None where this rank has no such block: it
     then exchanges first, which issues the same exchanges in the same order, so every
     rank may decide alone."""
-    rows = conv_rows(plan) if plan.splits and 0 not in local.shape else None
+    rows = overlap_rows(plan) if plan.splits and 0 not in local.shape else None
     if rows is None:
         return None
     shape = local_out_shape(plan, local)

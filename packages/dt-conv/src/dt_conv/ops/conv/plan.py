@@ -131,7 +131,7 @@ def local_conv(
     )
 
 
-def _interior(split: DimSplit, chunk: int) -> Range:
+def interior_rows(split: DimSplit, chunk: int) -> Range:
     """Output rows of `chunk` reading only its own input rows (an `Affine` reach)."""
     reach = cast(Affine, split.reach)
     i0, i1 = split.owned_in(chunk)
@@ -143,11 +143,11 @@ def in_exchange_order(plan: ConvPlan) -> ConvPlan:
     """The plan with its halos exchanged in the order that overlaps most (global)."""
     if len(plan.splits) < 2 or not all(isinstance(s.reach, Affine) for s in plan.splits):
         return plan
-    splits = exchange_order(plan.splits, _interior)
+    splits = exchange_order(plan.splits, interior_rows)
     return replace(plan, spatial=replace(plan.spatial, splits=splits))
 
 
-def conv_rows(plan: ConvPlan) -> list[Rows] | None:
+def overlap_rows(plan: ConvPlan) -> list[Rows] | None:
     """Each sharded dim's rows, or None if this rank owns no output rows."""
     rows = []
     for split in plan.splits:
@@ -155,5 +155,5 @@ def conv_rows(plan: ConvPlan) -> list[Rows] | None:
         o0, o1 = split.owned_out(rank)
         if o1 <= o0 or not isinstance(split.reach, Affine):
             return None
-        rows.append(rows_of(split, rank, _interior(split, rank)))
+        rows.append(rows_of(split, rank, interior_rows(split, rank)))
     return rows
