@@ -52,8 +52,8 @@ def measure(size: int, reps: int) -> dict[str, float]:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from dt_conv.halo import exchange_plan
-    from dt_conv.plan import make_plan
+    from dt_conv.engine.halo.plan import exchange_plan
+    from dt_conv.ops.conv.plan import make_plan
     from dt_core.testing import cpu_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 

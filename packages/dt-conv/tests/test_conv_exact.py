@@ -118,7 +118,7 @@ def test_conv2d_kernels_paddings_dilations_on_2_ranks() -> None:
         kw = {"padding": pad, "dilation": dil, "stride": stride}
         cases.append(([Shard(dim)], tuple(x_shape), tuple(w_shape), k % 2 == 1, kw))
     assert len(cases) > 200
-    from dt_conv.halo import counters
+    from dt_conv.engine.halo.exchange import counters
 
     sent = counters.get("bytes_sent")
     run_cases(mesh, cases)
@@ -189,7 +189,7 @@ def counting(module: Any, name: str) -> Any:
 
 @pytest.mark.ranks(4)
 def test_several_sharded_dims_on_a_2x2_mesh() -> None:
-    from dt_conv import forward
+    from dt_conv.ops.conv import forward
     from torch.distributed.tensor import Replicate, Shard
 
     mesh = cpu_mesh((2, 2))
@@ -236,7 +236,7 @@ def test_backward_on_a_2x2_mesh_overlaps_every_exchange() -> None:
     4x4, 3x3 dilated by 2: no interior anywhere, one 2x2 block per rank that only the
     gradient exchanges can carry: halved until each of them has a piece.
     """
-    from dt_conv import backward_overlap
+    from dt_conv.engine.overlap import backward as backward_overlap
     from torch.distributed.tensor import Shard
 
     mesh = cpu_mesh((2, 2))
@@ -437,7 +437,8 @@ def test_transposed_conv_on_2_ranks() -> None:
 
 @pytest.mark.ranks(4)
 def test_transposed_conv_thin_shards_and_2x2_mesh() -> None:
-    from dt_conv import backward_overlap, transposed
+    from dt_conv.engine.overlap import backward as backward_overlap
+    from dt_conv.ops.transposed import forward as transposed
     from torch.distributed.tensor import Shard
 
     # 5 rows on 4 ranks: 2, 2, 1, 0 (an empty shard); 11 rows: 3, 3, 3, 2
@@ -515,15 +516,15 @@ def test_output_channel_sharded_weights_give_channel_sharded_outputs() -> None:
 
 @pytest.mark.ranks(2)
 def test_same_convs_take_the_overlapped_path_and_stay_exact() -> None:
-    from dt_conv import backward, forward
+    from dt_conv.ops.conv import same as same_conv
     from torch.distributed.tensor import Shard
 
     cases = [
         ([Shard(d)], (2, 3, 9, 8), (4, 3, k, k), True, {"padding": "same", "dilation": dil})
         for d, k, dil in itertools.product((2, 3), (3, 5), (1, 2))
     ]
-    with counting(forward, "_same_conv_overlapped") as taken:
-        with counting(backward, "same_conv_gradients") as backward_taken:
+    with counting(same_conv, "same_conv_overlapped") as taken:
+        with counting(same_conv, "same_conv_gradients") as backward_taken:
             run_cases(cpu_mesh(2), cases)
     assert sum(taken) >= 4, taken  # thick enough shards overlap; thin ones use the window
     assert backward_taken == taken, (backward_taken, taken)  # backward: the same cases
@@ -534,7 +535,7 @@ def test_same_conv_backward_without_a_window_on_4_ranks() -> None:
     """The 'same' conv's backward split at the seams equals one process's, next to ranks
     too thin for it (which take the window path, same exchanges): uneven shards of 4 to
     1 rows, halos of 1-4 rows, dilation, groups, padding along an unsharded dim."""
-    from dt_conv import backward
+    from dt_conv.ops.conv import same as same_conv
     from torch.distributed.tensor import Shard
 
     cases = []
@@ -543,7 +544,7 @@ def test_same_conv_backward_without_a_window_on_4_ranks() -> None:
         kw = {"padding": "same", "dilation": dil, "groups": groups}
         cases.append(([Shard(2)], (2, 2 * groups, size, 5), (4, 2, k, 3), bias, kw))
     cases.append(([Shard(3)], (1, 2, 4, 9, 3), (3, 2, 3, 3, 3), True, {"padding": 1}))
-    with counting(backward, "same_conv_gradients") as taken:
+    with counting(same_conv, "same_conv_gradients") as taken:
         run_cases(cpu_mesh(4), cases)
     assert sum(taken) >= 4, taken  # on every rank: the last one's shards are 4, 1, 1 rows
 
@@ -657,7 +658,7 @@ def test_random_configurations_on_4_ranks_and_2x2_mesh_property() -> None:
 def test_random_transposed_convs_on_4_ranks_and_2x2_mesh_property() -> None:
     """Hypothesis over meshes, placements and transposed conv settings: the overlapped
     forward (blocks by stage, thin dims first) and backward stay exact."""
-    from dt_conv import transposed
+    from dt_conv.ops.transposed import forward as transposed
     from hypothesis import given
     from hypothesis import strategies as st
     from torch.distributed.tensor import Replicate, Shard
@@ -703,7 +704,8 @@ def test_random_transposed_convs_on_4_ranks_and_2x2_mesh_property() -> None:
 
 @pytest.mark.ranks(2)
 def test_other_convs_compute_their_interior_while_halos_travel() -> None:
-    from dt_conv import backward, forward
+    from dt_conv.ops.conv import backward, forward
+    from dt_conv.ops.conv import same as same_conv
     from torch.distributed.tensor import Shard
 
     cases = [
@@ -713,7 +715,7 @@ def test_other_convs_compute_their_interior_while_halos_travel() -> None:
     cases.append(([Shard(2)], (1, 2, 20), (2, 2, 3), False, {"dilation": 3, "padding": 1}))
     with counting(forward, "_interior_first") as taken:
         with counting(backward, "_overlapped_gradients") as backward_taken:
-            with counting(backward, "same_conv_gradients") as same:
+            with counting(same_conv, "same_conv_gradients") as same:
                 run_cases(cpu_mesh(2), cases)
     assert sum(taken) >= 20, taken
     # one sharded dim, both gradients wanted: overlapped, 'same' convs split at the seams
@@ -723,7 +725,7 @@ def test_other_convs_compute_their_interior_while_halos_travel() -> None:
 
 @pytest.mark.ranks(2)
 def test_transposed_convs_compute_their_interior_while_halos_travel() -> None:
-    from dt_conv import transposed
+    from dt_conv.ops.transposed import forward as transposed
     from torch.distributed.tensor import Shard
 
     cases = []
@@ -776,7 +778,7 @@ def test_later_layers_on_a_2x2_mesh_overlap_the_second_exchange() -> None:
     """Shards too thin along the first sharded dim for any interior still overlap the
     second dim's exchange: the slabs along the first dim (its window has arrived) with
     the second dim's interior. Stages are hand-derived per rank from the shapes."""
-    from dt_conv import interior
+    from dt_conv.engine.overlap import forward as interior
     from torch.distributed.tensor import Shard
 
     mesh = cpu_mesh((2, 2))

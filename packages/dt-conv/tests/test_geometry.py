@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from dt_conv.geometry import Affine, DimSplit, chunk_range, conv_out_size, conv_split
+from dt_conv.engine.geometry import Affine, DimSplit, chunk_range, conv_out_size, conv_split
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,7 +52,7 @@ def test_windows_reproduce_the_full_conv(
 
 def simulate_windows(split: DimSplit, x: torch.Tensor, fill_value: float) -> list[torch.Tensor]:
     """Assemble every chunk's window on one process from the exchange plans alone."""
-    from dt_conv.halo import FILL, OWN, exchange_plan
+    from dt_conv.engine.halo.plan import FILL, OWN, exchange_plan
 
     locals_ = [x[..., slice(*split.owned_in(c))] for c in range(split.parts)]
     windows = []

@@ -56,7 +56,8 @@ def test_stuck_peer_barrier_times_out_with_a_clear_error() -> None:
     import time
 
     import torch.distributed as dist
-    from dt_symm_mem.workspace import SymmMemTimeoutError, get_workspace
+    from dt_symm_mem.handle import SymmMemTimeoutError
+    from dt_symm_mem.workspace import get_workspace
 
     handle = get_workspace(dist.group.WORLD, 0)
     channel = 3

@@ -67,7 +67,7 @@ def run_stage(small: bool = True) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
 
-    from dt_conv import halo
+    from dt_conv.engine.halo import exchange as halo
 
     device, ranks = _device(), dist.get_world_size()
     mesh = init_device_mesh(device.type, (ranks,))

@@ -14,10 +14,8 @@ from dt_core.kit import hand_to_torch
 from torch.distributed.tensor import DTensor
 
 from . import ranks
-from .backward import convolution_backward_handler
+from .engine.halo.exchange import tie_to, traced_exchanges
 from .fallback import replicated_op
-from .forward import convolution_handler
-from .halo import tie_to, traced_exchanges
 from .handled_ops import (
     AVG_POOL,
     CONSTANT_PAD,
@@ -27,15 +25,17 @@ from .handled_ops import (
     UPSAMPLE,
     backward_of,
 )
-from .interpolate import upsample, upsample_backward
-from .ownership import torch_owns
-from .padding import constant_pad, mode_pad, mode_pad_backward
-from .pooling import (
+from .ops.conv.backward import convolution_backward_handler
+from .ops.conv.forward import convolution_handler
+from .ops.interpolate import upsample, upsample_backward
+from .ops.padding import constant_pad, mode_pad, mode_pad_backward
+from .ops.pooling import (
     avg_pool,
     avg_pool_backward,
     max_pool_with_indices,
     max_pool_with_indices_backward,
 )
+from .ownership import torch_owns
 from .validate import raise_like_torch, simulated_ranks
 
 Handler = Callable[[torch._ops.OpOverload, tuple, dict], object]
@@ -61,7 +61,7 @@ def handle(name: str, op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
     right go to torch (`ownership`). Under an enabled LocalTensorMode the handlers run
     sharded (`dt_conv.ranks`); LocalTensors outside an enabled mode have no mesh
     coordinate to read and take the replicated path. Traced, the exchanges stay where
-    every rank puts them (`halo.traced_exchanges`)."""
+    every rank puts them (`engine.halo.exchange.traced_exchanges`)."""
     if not name.endswith("_backward"):
         raise_like_torch(op_call, args, kwargs)
     if torch_owns(name, args, kwargs):

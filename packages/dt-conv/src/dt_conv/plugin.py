@@ -54,7 +54,7 @@ def _handler(name: str) -> Callable[..., object]:
 
 
 def _circular_pad(x: Any, pad: Any) -> Any:
-    from dt_conv.padding import circular_pad
+    from dt_conv.ops.padding import circular_pad
 
     return circular_pad(x, pad)
 
@@ -78,7 +78,7 @@ def _pad_circular(x: Any, pad: Any) -> Any:
 
 def _upsample_vec_kernel(name: str) -> Callable[..., object]:
     def kernel(x: Any, *args: Any) -> object:
-        from dt_conv.interpolate_vec import upsample_vec
+        from dt_conv.ops.interpolate_vec import upsample_vec
 
         return upsample_vec(name, x, *args)
 
@@ -108,7 +108,7 @@ def dt_op_handlers() -> list[OpHandler]:
 
 
 def _keep_halo_waits_after_interior(graph: Any) -> None:
-    from dt_conv.overlap_pass import keep_halo_waits_after_interior
+    from dt_conv.engine.overlap.graph_pass import keep_halo_waits_after_interior
 
     keep_halo_waits_after_interior(graph)
 
@@ -117,7 +117,8 @@ def _keep_halo_waits_after_interior(graph: Any) -> None:
 def dt_graph_passes() -> list[GraphPass]:
     from pathlib import Path
 
-    source = str(Path(__file__).with_name("overlap_pass.py"))  # in the pass's cache key
+    graph_pass = Path(__file__).parent / "engine" / "overlap" / "graph_pass.py"
+    source = str(graph_pass)  # in the pass's cache key
     return [
         GraphPass(
             "halo-waits-after-interior",

@@ -23,8 +23,8 @@ _LAZY = {
     "fused_scaled_matmul_reduce_scatter": "api",
     "low_contention_all_gather": "api",
     "low_contention_reduce_scatter": "api",
-    "ShmSymmMemory": "workspace",
-    "SymmMemTimeoutError": "workspace",
+    "ShmSymmMemory": "handle",
+    "SymmMemTimeoutError": "handle",
     "get_workspace": "workspace",
 }
 

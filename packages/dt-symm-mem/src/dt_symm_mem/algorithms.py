@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from dt_symm_mem.workspace import ShmSymmMemory, get_workspace
+from dt_symm_mem.handle import ShmSymmMemory
+from dt_symm_mem.workspace import get_workspace
 
 ALIGN = 64
 # Messages above STREAM_MIN_BYTES per rank stream through STREAM_SLOTS chunks of

@@ -21,10 +21,11 @@ import torch
 from dt_core.kit import Unsupported, bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
-from . import ranks, spatial
-from .geometry import Affine, DimSplit, Fill
-from .plan import Splitter, plan_spatial
-from .validate import raise_like_torch, simulated_ranks
+from .. import ranks
+from ..engine import windows
+from ..engine.geometry import Affine, DimSplit, Fill
+from ..engine.plan import Splitter, plan_spatial
+from ..validate import raise_like_torch, simulated_ranks
 
 # torch's pad on the unsharded dims, and its adjoint (grad, window, rest) -> window grad
 LocalPad = Callable[[torch.Tensor, list[int]], torch.Tensor]
@@ -44,7 +45,7 @@ def _window_op(
     local_pad: LocalPad,
     local_vjp: LocalVjp,
     value: float = 0.0,
-) -> spatial.WindowOp:
+) -> windows.WindowOp:
     """The pad as a halo op; `Unsupported` where the sharded path cannot be exact."""
     ndim = len(in_shape)
     if len(pad) % 2 or len(pad) // 2 > ndim:
@@ -80,7 +81,7 @@ def _window_op(
     def vjp(window: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         return local_vjp(grad, window, rest) if any(rest) else grad
 
-    return spatial.WindowOp(plan, local, vjp, fill_value=value)
+    return windows.WindowOp(plan, local, vjp, fill_value=value)
 
 
 def constant_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
@@ -99,7 +100,7 @@ def constant_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> o
         op = _window_op(x, x.shape, pad, "constant", local, vjp, value)
     except Unsupported as exc:
         return replicated_fallback("conv", str(exc), op_call, [x, pad, value], like=(x,))
-    return spatial.forward(op, x)
+    return windows.forward(op, x)
 
 
 def _mode(name: str) -> Fill:
@@ -113,7 +114,7 @@ def mode_pad(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
         op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(op_call))
     except Unsupported as exc:
         return replicated_fallback("conv", str(exc), op_call, [x, pad], like=(x,))
-    return spatial.forward(op, x)
+    return windows.forward(op, x)
 
 
 def mode_pad_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
@@ -125,7 +126,7 @@ def mode_pad_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
         op = _window_op(x, x.shape, pad, _mode(op_call.__name__), *_torch_pad(forward_op.default))
     except Unsupported as exc:
         return replicated_fallback("conv", str(exc), op_call, [grad, x, pad], like=(x,))
-    return spatial.backward(op, grad, None, x.shape)
+    return windows.backward(op, grad, None, x.shape)
 
 
 def _torch_pad(op: torch._ops.OpOverload) -> tuple[LocalPad, LocalVjp]:
@@ -152,14 +153,14 @@ class _CircularPad(torch.autograd.Function):
     """Circular padding with the halo path in forward and its adjoint in backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: DTensor, op: spatial.WindowOp) -> DTensor:
+    def forward(ctx: Any, x: DTensor, op: windows.WindowOp) -> DTensor:
         # ctx: torch's FunctionCtx, which takes whatever attributes forward leaves for backward
         ctx.op, ctx.in_shape = op, tuple(x.shape)
-        return spatial.forward(op, x)
+        return windows.forward(op, x)
 
     @staticmethod
     def backward(ctx: Any, grad: DTensor) -> tuple[DTensor, None]:
-        return spatial.backward(ctx.op, grad, None, ctx.in_shape), None
+        return windows.backward(ctx.op, grad, None, ctx.in_shape), None
 
 
 def circular_pad(x: DTensor, pad: Sequence[int]) -> torch.Tensor:

@@ -1,5 +1,9 @@
 """Decide, from global metadata only, whether a spatial op can run sharded exactly.
 
+Every op's plan starts here (`plan_spatial`): which dims its window slides along and
+exchange halos, which pass through sharded; an op family adds its own arguments on top
+(`ops.conv.plan`, `ops.transposed.plan`).
+
 The decision must be identical on every rank (a rank that falls back alone would leave
 its peers waiting in a halo exchange), so it reads shapes and placements, never local
 data. A call it cannot plan raises `Unsupported`, whose reason its handler's fallback
@@ -15,8 +19,8 @@ from dt_core.kit import Unsupported
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from . import ranks
-from .geometry import DimSplit, conv_out_size, conv_split, expand
+from .. import ranks
+from .geometry import DimSplit
 
 # For a tensor dim the op works along: (mesh_dim, parts) -> how that dim splits.
 Splitter = Callable[[int, int], DimSplit]
@@ -49,8 +53,8 @@ def plan_spatial(
     """A `SpatialPlan`; `Unsupported` if the sharded path cannot be exact for this call.
 
     `splitters` names the dims the op works along; any other dim must keep its size and
-    may be sharded freely, unless `blocked` gives the reason it may not; the
-    sharding of a dim in `owned` is the caller's business (conv channels, see `channels`):
+    may be sharded freely, unless `blocked` gives the reason it may not; the sharding of
+    a dim in `owned` is the caller's business (conv channels, see `ops.conv.channels`):
     no halo, and the output may change size there. `x` gives mesh and placements;
     `in_shape` overrides its shape (a backward op's gradient stands in for the input it
     never receives).
@@ -88,83 +92,3 @@ def plan_spatial(
     return SpatialPlan(
         mesh, tuple(x.placements), tuple(splits), tuple(free), tuple(out_shape), tuple(owned_mesh)
     )
-
-
-@dataclass(frozen=True)
-class ConvPlan:
-    """A sharded convolution: the spatial plan plus the local conv's arguments."""
-
-    spatial: SpatialPlan
-    local_padding: list[int]  # conv padding with 0 on the sharded dims
-    stride: list[int]
-    dilation: list[int]
-
-    @property
-    def mesh(self) -> DeviceMesh:
-        return self.spatial.mesh
-
-    @property
-    def placements(self) -> tuple[Placement, ...]:
-        return self.spatial.placements
-
-    @property
-    def splits(self) -> tuple[DimSplit, ...]:
-        return self.spatial.splits
-
-    @property
-    def out_shape(self) -> tuple[int, ...]:
-        return self.spatial.out_shape
-
-    @property
-    def reduce_mesh_dims(self) -> tuple[int, ...]:
-        """Mesh dims over which weight/bias gradients are partial sums."""
-        split_dims = tuple(s.mesh_dim for s in self.splits)
-        return tuple(sorted(self.spatial.free_mesh_dims + split_dims))
-
-
-def make_plan(
-    x: object,
-    weight_shape: Sequence[int],
-    stride: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    transposed: bool,
-    channels_owned: bool = False,
-) -> ConvPlan:
-    """A `ConvPlan`; `Unsupported` if the sharded path cannot be exact for this call.
-
-    `channels_owned`: a channel layout (see `channels`) handles the input's channel sharding.
-    """
-    if not isinstance(x, DTensor):
-        raise Unsupported("input is not a DTensor")
-    if transposed:
-        raise Unsupported("transposed convolution")
-    nspatial = len(weight_shape) - 2
-    if x.ndim != nspatial + 2:
-        raise Unsupported("unbatched input")
-    stride, padding = expand(stride, nspatial), expand(padding, nspatial)
-    dilation = expand(dilation, nspatial)
-    out_spatial = [
-        conv_out_size(x.shape[d + 2], weight_shape[d + 2], stride[d], padding[d], dilation[d])
-        for d in range(nspatial)
-    ]
-    if min(out_spatial) < 1:
-        raise Unsupported("empty convolution output")
-
-    def splitter(dim: int) -> Splitter:
-        i = dim - 2
-        args = (x.shape[dim], weight_shape[dim], stride[i], padding[i], dilation[i])
-        return lambda mesh_dim, parts: conv_split(dim, mesh_dim, parts, *args)
-
-    out_shape = (x.shape[0], weight_shape[0], *out_spatial)
-    spatial = plan_spatial(
-        x,
-        out_shape,
-        {d: splitter(d) for d in range(2, x.ndim)},
-        blocked={} if channels_owned else {1: "input sharded on the channel dim"},
-        owned=(1,) if channels_owned else (),
-    )
-    local_padding = list(padding)
-    for s in spatial.splits:
-        local_padding[s.dim - 2] = 0
-    return ConvPlan(spatial, local_padding, stride, dilation)

@@ -28,8 +28,8 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import replicated, reshard_like
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from . import ranks
-from .geometry import chunk_range
+from ... import ranks
+from ...engine.geometry import chunk_range
 
 
 @dataclass(frozen=True)

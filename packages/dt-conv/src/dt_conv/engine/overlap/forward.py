@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .geometry import DimSplit, Range
-from .halo import PendingWindow, anyone_exchanges
-from .plan import SpatialPlan
+from ..geometry import DimSplit, Range
+from ..halo.forward import PendingWindow
+from ..halo.plan import anyone_exchanges
+from ..plan import SpatialPlan
 
 # (piece of input, global first input row of the piece per sharded dim, output rows
 # per sharded dim) -> the output block of those rows

@@ -65,7 +65,7 @@ def upsample_vec(name: str, x: torch.Tensor, *args: object) -> torch.Tensor:
     else:
         output_size, scale_factors = args
         flags = []
-    from .validate import raise_like_torch
+    from ..validate import raise_like_torch
 
     raise_like_torch(op, (x, *args), {})
     # types as the `.vec` schemas declare them

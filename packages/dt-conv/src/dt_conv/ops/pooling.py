@@ -17,9 +17,10 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import Unsupported, bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
-from . import ranks, spatial
-from .geometry import conv_split, expand
-from .plan import SpatialPlan, Splitter, plan_spatial
+from .. import ranks
+from ..engine import windows
+from ..engine.geometry import conv_split, expand
+from ..engine.plan import SpatialPlan, Splitter, plan_spatial
 
 aten = torch.ops.aten
 
@@ -82,7 +83,7 @@ def _local_padding(plan: SpatialPlan, padding: list[int], n: int, ndim: int) -> 
 
 def _max_op(
     x: DTensor, n: int, args: list
-) -> tuple[spatial.WindowOp, Callable[[torch.Tensor], tuple]]:
+) -> tuple[windows.WindowOp, Callable[[torch.Tensor], tuple]]:
     """The planned op, and the local pool returning (values, window-local indices)."""
     kernel, stride, padding = _args(n, args[1], args[2], args[3])
     dilation, ceil = expand(args[4], n), bool(args[5])
@@ -103,7 +104,7 @@ def _max_op(
         indices = pool_both(window)[1]
         return back(grad, window, kernel, stride, pad, dilation, ceil, indices)
 
-    op = spatial.WindowOp(plan, local, vjp, fill_value=-math.inf, grad_reads_input=True)
+    op = windows.WindowOp(plan, local, vjp, fill_value=-math.inf, grad_reads_input=True)
     return op, pool_both
 
 
@@ -117,10 +118,10 @@ def max_pool_with_indices(op_call: torch._ops.OpOverload, args: tuple, kwargs: d
     plan = op.plan
     with torch.no_grad():
         local = x.to_local()
-        window = spatial.gather_windows(plan, local, op.fill_value)
+        window = windows.gather_windows(plan, local, op.fill_value)
 
         def block(window: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            shape = spatial.local_shape(plan, plan.out_shape, local.shape)
+            shape = windows.local_shape(plan, plan.out_shape, local.shape)
             if window.numel() == 0 or 0 in shape:
                 idx = torch.zeros(shape, dtype=torch.int64, device=window.device)
                 return window.new_zeros(shape), idx
@@ -165,7 +166,7 @@ def max_pool_with_indices_backward(
         op, _ = _max_op(x, n, values[1:])  # the forward's arguments follow the gradient
     except Unsupported as exc:
         return replicated_fallback("conv", str(exc), op_call, values, like=(x,))
-    return spatial.backward(op, cast(DTensor, values[0]), x, x.shape)
+    return windows.backward(op, cast(DTensor, values[0]), x, x.shape)
 
 
 # ---- average pooling -----------------------------------------------------------------
@@ -183,7 +184,7 @@ def _divisors(size: int, out: int, k: int, s: int, p: int, include_pad: bool) ->
     return result
 
 
-def _avg_op(x: DTensor, n: int, values: list) -> spatial.WindowOp:
+def _avg_op(x: DTensor, n: int, values: list) -> windows.WindowOp:
     kernel, stride, padding = _args(n, values[1], values[2], values[3])
     ceil, include_pad, override = bool(values[4]), bool(values[5]), values[6]
     plan = _plan(x, n, kernel, stride, padding, [1] * n, ceil)
@@ -224,7 +225,7 @@ def _avg_op(x: DTensor, n: int, values: list) -> spatial.WindowOp:
             return back(grad, window, kernel, stride, pad, ceil, True, override)
         return back(divide_by(grad), window, kernel, stride, pad, ceil, True, 1)
 
-    return spatial.WindowOp(plan, local, vjp, fill_value=0.0)
+    return windows.WindowOp(plan, local, vjp, fill_value=0.0)
 
 
 def avg_pool(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
@@ -233,7 +234,7 @@ def avg_pool(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
         op = _avg_op(x, n, values)
     except Unsupported as exc:
         return replicated_fallback("conv", str(exc), op_call, values, like=(x,))
-    return spatial.forward(op, x)
+    return windows.forward(op, x)
 
 
 def avg_pool_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
@@ -242,4 +243,4 @@ def avg_pool_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
         op = _avg_op(x, n, values[1:])  # the forward's arguments follow the gradient
     except Unsupported as exc:
         return replicated_fallback("conv", str(exc), op_call, values, like=(x,))
-    return spatial.backward(op, cast(DTensor, values[0]), None, x.shape)
+    return windows.backward(op, cast(DTensor, values[0]), None, x.shape)

@@ -19,9 +19,9 @@ from dt_core.compat.tracing import no_dispatch_modes
 from dt_core.kit import Unsupported, bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor
 
-from . import spatial
-from .geometry import DimSplit, Table
-from .plan import SpatialPlan, Splitter, plan_spatial
+from ..engine import windows
+from ..engine.geometry import DimSplit, Table
+from ..engine.plan import SpatialPlan, Splitter, plan_spatial
 
 aten = torch.ops.aten
 
@@ -119,7 +119,7 @@ def _window_op(
     out_sizes: Sequence[int],
     align_corners: bool | None,
     scales: Sequence[float | None],
-) -> spatial.WindowOp:
+) -> windows.WindowOp:
     """The interpolation as a halo op; `Unsupported` where the sharded path cannot be exact."""
     n = len(out_sizes)
     if len(in_shape) != n + 2:
@@ -139,12 +139,12 @@ def _window_op(
     out_shape = (*in_shape[:first], *out_sizes)
     plan = plan_spatial(x, out_shape, {first + i: splitter(i) for i in range(n)}, in_shape=in_shape)
     local, vjp = _local_fns(plan, tables, first)
-    return spatial.WindowOp(plan, local, vjp)
+    return windows.WindowOp(plan, local, vjp)
 
 
 def _local_fns(
     plan: SpatialPlan, tables: list[DimTable], first: int
-) -> tuple[spatial.LocalFn, spatial.LocalVjp]:
+) -> tuple[windows.LocalFn, windows.LocalVjp]:
     """This rank's output block from its window, and the adjoint of that map."""
     split_of = {s.dim: s for s in plan.splits}
 
@@ -202,8 +202,8 @@ def upsample(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> objec
         return replicated_fallback("conv", str(exc), op_call, values, like=(x,))
     if not op.plan.splits:  # nothing sharded along the op's dims: torch's own kernel
         local = op_call(x.to_local(), *values[1:])
-        return spatial.as_dtensor(local, op.plan.mesh, op.plan.placements, op.plan.out_shape)
-    return spatial.forward(op, x)
+        return windows.as_dtensor(local, op.plan.mesh, op.plan.placements, op.plan.out_shape)
+    return windows.forward(op, x)
 
 
 def upsample_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
@@ -218,8 +218,8 @@ def upsample_backward(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
         g = grad.to_local()
         local_in = list(in_size)
         for mesh_dim in op.plan.free_mesh_dims:
-            dim = spatial.shard_dim(op.plan.placements[mesh_dim]) % len(in_size)
+            dim = windows.shard_dim(op.plan.placements[mesh_dim]) % len(in_size)
             local_in[dim] = g.shape[dim]
         local = op_call(g, values[1], local_in, *values[3:])
-        return spatial.as_dtensor(local, op.plan.mesh, op.plan.placements, in_size)
-    return spatial.backward(op, grad, None, in_size)
+        return windows.as_dtensor(local, op.plan.mesh, op.plan.placements, in_size)
+    return windows.backward(op, grad, None, in_size)

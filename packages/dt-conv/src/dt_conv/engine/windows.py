@@ -1,10 +1,10 @@
 """Run a window-local op on sharded DTensors: halo exchange, local compute, adjoint.
 
 Pooling, interpolation and padding all follow one recipe: gather each sharded dim's
-window (`halo.gather_window`), compute the op on the window with its own arguments
+window (`halo.forward.gather_window`), compute the op on the window with its own arguments
 along the other dims, and wrap the owned output rows. Their backward ops apply the local
 op's adjoint to the window (torch's own backward kernels where there is one) and send
-the window gradient home (`halo.scatter_add_window`). Handlers run below autograd, so
+the window gradient home (`halo.backward.scatter_add_window`). Handlers run below autograd, so
 the adjoint is explicit rather than recorded.
 """
 
@@ -18,8 +18,9 @@ import torch
 from dt_core.dtensors import as_dtensor
 from torch.distributed.tensor import DTensor, Placement, Shard
 
-from . import ranks
-from .halo import gather_window, scatter_add_window
+from .. import ranks
+from .halo.backward import scatter_add_window
+from .halo.forward import gather_window
 from .plan import SpatialPlan
 
 LocalFn = Callable[[torch.Tensor], torch.Tensor]

@@ -15,8 +15,16 @@ from dt_core.dtensors import as_dtensor
 from dt_core.kit import Unsupported, bind_positional, replicated_fallback
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from . import ranks
-from .backward_overlap import overlapped_gradients, overlaps_here, staged_gradients
+from ... import ranks
+from ...engine.geometry import Range
+from ...engine.halo.backward import scatter_add_window
+from ...engine.overlap.backward import overlapped_gradients, overlaps_here, staged_gradients
+from ...engine.overlap.forward import output_block
+from ...engine.partial_sums import summed
+from ...engine.windows import gather_windows, window_shape
+from ..transposed import backward as transposed_backward
+from ..transposed.plan import make_transposed_plan
+from . import same
 from .channels import (
     ChannelLayout,
     bias_gradient,
@@ -26,14 +34,7 @@ from .channels import (
     local_weight,
     weight_gradient,
 )
-from .forward import conv_rows, in_exchange_order
-from .geometry import Range
-from .halo import scatter_add_window
-from .interior import output_block
-from .partial_sums import summed
-from .plan import ConvPlan, make_plan
-from .same_conv_backward import same_conv_gradients
-from .spatial import gather_windows, window_shape
+from .plan import ConvPlan, in_exchange_order, make_plan, overlap_rows
 
 aten = torch.ops.aten
 
@@ -50,16 +51,14 @@ def convolution_backward_handler(
     transposed, out_pad = cast(bool, values[7]), cast(list[int], values[8])
     groups, mask = cast(int, values[9]), cast(list[bool], values[10])
     if transposed:
-        from . import transposed as tr
-
         try:
-            tplan = tr.make_transposed_plan(
+            tplan = make_transposed_plan(
                 x, weight.shape, stride, padding, dilation, out_pad, groups
             )
         except Unsupported as exc:
             reason = f"transposed convolution: {exc}"
             return replicated_fallback("conv", reason, op_call, args, kwargs, like=(x, weight))
-        return tr.backward(tplan, grad_out, x, weight, bias_sizes, groups, mask)
+        return transposed_backward.backward(tplan, grad_out, x, weight, bias_sizes, groups, mask)
     layout = channel_layout(x, weight, None, groups)
     with torch.no_grad():
         try:
@@ -77,9 +76,9 @@ def convolution_backward_handler(
         xl = x.to_local()
         gi: torch.Tensor | None
         gw: torch.Tensor | None
-        same = same_conv_gradients(plan, layout, g, xl, w, groups, mask)
-        if same is not None:
-            gi, gw, gb = same
+        same_grads = same.same_conv_gradients(plan, layout, g, xl, w, groups, mask)
+        if same_grads is not None:
+            gi, gw, gb = same_grads
         elif overlaps_here(plan.spatial, xl, g, mask):
             gi, gw, gb = _overlapped_gradients(plan, layout, g, xl, w, bias_sizes, groups, mask)
         else:
@@ -218,8 +217,9 @@ def _overlapped_gradients(
     groups: int,
     mask: list[bool],
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Both gradients wanted: each exchange travels during a computation (`backward_overlap`);
-    on several sharded dims the weight gradient is computed by blocks of output rows."""
+    """Both gradients wanted: each exchange travels during a computation
+    (`engine.overlap.backward`); on several sharded dims the weight gradient is computed
+    by blocks of output rows."""
 
     def input_grad(shape_only: torch.Tensor) -> torch.Tensor:
         gi, _, _ = _local_backward(plan, g, shape_only, w, bias_sizes, groups, [True, False, False])
@@ -231,7 +231,7 @@ def _overlapped_gradients(
         _, gw, gb = _local_backward(plan, g, window, w, bias_sizes, groups, [False, True, mask[2]])
         return gw, gb
 
-    rows = conv_rows(plan) if len(plan.splits) > 1 else None
+    rows = overlap_rows(plan) if len(plan.splits) > 1 else None
     if rows is None:
         gi, (gw, gb) = overlapped_gradients(plan.spatial, xl, input_grad, weight_grads)
         return gi, gw, gb

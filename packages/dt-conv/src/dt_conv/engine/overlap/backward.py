@@ -7,7 +7,7 @@ travels home along the last sharded dim (the adjoint exchange runs in reverse di
 On one sharded dim both exchanges overlap (`overlapped_gradients`).
 
 On several (`staged_gradients`) the weight gradient is also split into the blocks of
-output rows `interior` stages for the forward (a block reads the input rows its output
+output rows `forward` stages for the forward pass (a block reads the input rows its output
 rows read, so the blocks' weight gradients sum to the whole one): each block is computed
 while a later exchange travels, once the input halos it reads have arrived.
 """
@@ -19,12 +19,13 @@ from typing import TypeVar
 
 import torch
 
-from . import ranks
-from .geometry import Range
-from .halo import PendingScatter, PendingWindow, scatter_add_window
-from .interior import Rows, input_piece, staged_regions
-from .plan import SpatialPlan
-from .spatial import window_shape
+from ... import ranks
+from ..geometry import Range
+from ..halo.backward import PendingScatter, scatter_add_window
+from ..halo.forward import PendingWindow
+from ..plan import SpatialPlan
+from ..windows import window_shape
+from .forward import Rows, input_piece, staged_regions
 
 WeightGrads = TypeVar("WeightGrads")
 

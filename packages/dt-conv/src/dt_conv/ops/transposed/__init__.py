@@ -1,0 +1,1 @@
+"""Transposed convolution: its plan, forward and backward (one module each)."""
