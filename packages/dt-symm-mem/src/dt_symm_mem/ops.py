@@ -13,15 +13,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from dt_core.kit import Counters
 
 from dt_symm_mem import compat
 from dt_symm_mem.algorithms import all_gather_consume, all_gather_into, produce_all_to_all
+from dt_symm_mem.counters import counters  # how often each kernel ran (tests read ops.counters)
 
 REDUCE_OPS = ("sum", "avg")
-# How often each kernel ran in this process (tests use it to see a compiled graph call
-# the fused ops; cheap enough to keep).
-counters = Counters("symm-mem")  # kernel calls by op name (tests, `dt-plugins stats`)
 
 
 def resolve_group(group: Any) -> Any:

@@ -26,6 +26,7 @@ from dt_core.compat.process_groups import is_fake_group
 from dt_core.kit import Unsupported
 
 from dt_symm_mem import segment
+from dt_symm_mem.counters import counters
 from dt_symm_mem.handle import ShmSymmMemory, default_timeout, segment_bytes
 from dt_symm_mem.settings import settings
 
@@ -283,8 +284,6 @@ def get_workspace(group: Any, min_bytes: int) -> ShmSymmMemory | None:
     # our previous op's data holds its own mapping of those pages.
     state.handle = result
     state.generation += 1
-    from dt_symm_mem.ops import counters  # ops imports this module
-
     counters.add("workspace_segments")  # segments this process mapped (tests, stats)
     return result
 
