@@ -104,7 +104,7 @@ def transposed(x: torch.Tensor, w: torch.Tensor):  # type: ignore[no-untyped-def
     return F.conv_transpose2d(x, w, stride=2, padding=1)
 
 
-@pytest.mark.ranks(2)
+@pytest.mark.ranks(2, timeout=600)  # compiles ~20 graphs: minutes on a loaded host
 def test_every_op_kind_compiles_fullgraph_on_2_ranks() -> None:
     """Uneven shards (11 rows on 2 ranks), 1-D, 2-D and 3-D ops, every pad mode,
     pooling, interpolation, transposed conv; channel-sharded convs; a fallback."""
