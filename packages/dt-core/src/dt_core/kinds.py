@@ -8,9 +8,9 @@ alone; the hook specifications are written out in `dt_core.hookspecs` (the tests
 both name the same hooks): adding a kind is a hook there, one entry here and one
 installer.
 
-The installers, and the torch internals they reach through `dt_core.compat`, load on
-first use (`_lazy`): the table itself is read during `import torch`, when only library
-ops are installed.
+The installers are referenced directly (`dt_core.installers`, a light module: the torch
+internals each reaches through `dt_core.compat` load on first use); the table itself is
+read during `import torch`, when only library ops are installed.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import contributions
+from . import contributions, installers
 
 if TYPE_CHECKING:
     from .installers import Undo
@@ -61,7 +61,9 @@ class Kind:
 
 
 def _lazy(module: str, name: str) -> Callable[..., Any]:
-    """`dt_core.<module>.<name>`, imported when first called."""
+    """`dt_core.<module>.<name>`, imported when first called: for the two helpers that
+    reach torch internals not loaded during `import torch` (DTensor's caches, the pass
+    settings); the installers themselves are light and referenced directly."""
 
     def call(*args: Any) -> Any:
         return getattr(importlib.import_module(f"dt_core.{module}"), name)(*args)
@@ -79,7 +81,7 @@ KINDS: tuple[Kind, ...] = (
         hook="dt_library_ops",
         record_type=contributions.LibraryOps,
         part=LIBRARY,
-        install=_lazy("installers", "install_library_ops"),
+        install=installers.install_library_ops,
         claims=lambda owner, lib: list(lib.ops),
         column="ops",
     ),
@@ -88,7 +90,7 @@ KINDS: tuple[Kind, ...] = (
         hook="dt_op_handlers",
         record_type=contributions.OpHandler,
         part=DTENSOR,
-        install=_lazy("installers", "install_op_handler"),
+        install=installers.install_op_handler,
         claims=lambda owner, handler: [str(handler.op)],
         column="ops",
         after_change=_clear_sharding_caches,
@@ -98,7 +100,7 @@ KINDS: tuple[Kind, ...] = (
         hook="dt_sharding_strategies",
         record_type=contributions.ShardingStrategy,
         part=DTENSOR,
-        install=_lazy("installers", "install_sharding_strategy"),
+        install=installers.install_sharding_strategy,
         claims=lambda owner, strategy: [str(strategy.op)],
         column="ops",
         after_change=_clear_sharding_caches,
@@ -108,7 +110,7 @@ KINDS: tuple[Kind, ...] = (
         hook="dt_hop_rules",
         record_type=contributions.HopRule,
         part=DTENSOR,
-        install=_lazy("installers", "install_hop_rule"),
+        install=installers.install_hop_rule,
         claims=lambda owner, rule: [rule.claim()],
         column="ops",
     ),
@@ -117,7 +119,7 @@ KINDS: tuple[Kind, ...] = (
         hook="dt_patches",
         record_type=contributions.Patch,
         part=DTENSOR,
-        install=_lazy("installers", "install_patch"),
+        install=installers.install_patch,
         claims=lambda owner, patch: [patch.claim()],
         column="patches",
         describe=lambda patch: {"torch": patch.torch_versions or "any"},
@@ -127,7 +129,7 @@ KINDS: tuple[Kind, ...] = (
         hook="dt_graph_passes",
         record_type=contributions.GraphPass,
         part=INDUCTOR,
-        install=_lazy("installers", "install_graph_pass"),
+        install=installers.install_graph_pass,
         claims=lambda owner, graph_pass: [contributions.pass_identity(owner, graph_pass)],
         column="passes",
         describe=_lazy("graph_passes", "describe_settings"),
@@ -137,7 +139,7 @@ KINDS: tuple[Kind, ...] = (
         hook="dt_local_tensor_rules",
         record_type=contributions.LocalTensorRule,
         part=LOCAL_TENSOR,
-        install=_lazy("installers", "install_local_tensor_rule"),
+        install=installers.install_local_tensor_rule,
         claims=lambda owner, rule: [rule.claim()],
         column="ops",
     ),
