@@ -241,20 +241,39 @@ def _torch_cp_globals_restorer():  # type: ignore[no-untyped-def]
     return restore
 
 
+def _train_under_torch_cp(model, reference, local_batch, restore) -> None:  # type: ignore[no-untyped-def]
+    """Train with torch's CP dispatcher on (FSDP over 4 ranks: the loss scale), compare
+    with one process, check dt-cp's kernels ran, and put torch's CP globals back."""
+    from dt_core.kit import stats
+    from torch.distributed.tensor.experimental._attention import (
+        _disable_context_parallel_dispatcher,
+        _enable_context_parallel_dispatcher,
+    )
+
+    before = stats().get("cp", {}).get("score_elements", 0)
+    _enable_context_parallel_dispatcher()
+    try:
+        losses = _train(model, local_batch, scale=4 / (BATCH * SEQ * DIM))
+    finally:
+        _disable_context_parallel_dispatcher()
+        restore()
+    want = _reference_losses(reference)
+    assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < TOL, (losses, want)
+    assert _max_param_error(reference, model) < TOL
+    assert stats().get("cp", {}).get("score_elements", 0) > before  # dt-cp's kernels ran
+
+
 @pytest.mark.ranks(4, timeout=900)
 def test_fsdp2_x_context_parallel_head_tail_compiled_per_block() -> None:
     """dp x cp = 2 x 2: FSDP2 over all four ranks (torchtitan shards over dp and cp
     together), the batch split over dp, the sequence over cp by torch's head-tail
     balancer; dt-cp computes the attention (torch alone has no CPU path)."""
     import torch
-    from dt_core.kit import stats
     from dt_core.testing import cpu_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.experimental._attention import (
         _context_parallel_shard,
         _ContextParallel,
-        _disable_context_parallel_dispatcher,
-        _enable_context_parallel_dispatcher,
     )
     from torch.distributed.tensor.experimental._context_parallel import _HeadTailLoadBalancer
     from torch.distributed.tensor.parallel import parallelize_module
@@ -280,17 +299,7 @@ def test_fsdp2_x_context_parallel_head_tail_compiled_per_block() -> None:
         mine = [t.chunk(2)[dp].contiguous() for t in (x, y)]
         return _context_parallel_shard(mesh["cp"], mine, [1, 1], load_balancer=balancer)
 
-    before = stats().get("cp", {}).get("score_elements", 0)
-    _enable_context_parallel_dispatcher()
-    try:
-        losses = _train(model, local_batch, scale=4 / (BATCH * SEQ * DIM))
-    finally:
-        _disable_context_parallel_dispatcher()
-        restore()
-    want = _reference_losses(reference)
-    assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < TOL, (losses, want)
-    assert _max_param_error(reference, model) < TOL
-    assert stats().get("cp", {}).get("score_elements", 0) > before  # dt-cp's kernels ran
+    _train_under_torch_cp(model, reference, local_batch, restore)
 
 
 @pytest.mark.ranks(8, timeout=900)
@@ -300,14 +309,11 @@ def test_fsdp2_x_tp_x_cp_on_a_2x2x2_mesh_eager() -> None:
     together. Eager (on 2 shared cores eight ranks compiling would cost minutes; the
     compiled runs above are 2 x 2)."""
     import torch
-    from dt_core.kit import stats
     from dt_core.testing import cpu_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.experimental._attention import (
         _context_parallel_shard,
         _ContextParallel,
-        _disable_context_parallel_dispatcher,
-        _enable_context_parallel_dispatcher,
     )
     from torch.distributed.tensor.experimental._context_parallel import _HeadTailLoadBalancer
     from torch.distributed.tensor.parallel import parallelize_module
@@ -333,14 +339,4 @@ def test_fsdp2_x_tp_x_cp_on_a_2x2x2_mesh_eager() -> None:
         ours = _context_parallel_shard(mesh["cp"], mine, [1, 1], load_balancer=balancer)
         return tuple(t.chunk(2, dim=1)[tp].contiguous() for t in ours)
 
-    before = stats().get("cp", {}).get("score_elements", 0)
-    _enable_context_parallel_dispatcher()
-    try:
-        losses = _train(model, local_batch, scale=4 / (BATCH * SEQ * DIM))
-    finally:
-        _disable_context_parallel_dispatcher()
-        restore()
-    want = _reference_losses(reference)
-    assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < TOL, (losses, want)
-    assert _max_param_error(reference, model) < TOL
-    assert stats().get("cp", {}).get("score_elements", 0) > before  # dt-cp's kernels ran
+    _train_under_torch_cp(model, reference, local_batch, restore)
