@@ -242,7 +242,14 @@ def main() -> int:
             "results": results,
         }
         saved.mkdir(parents=True, exist_ok=True)
-        (saved / f"torch-{_release(run)}.json").write_text(json.dumps(run, indent=1))
+        path = saved / f"torch-{_release(run)}.json"
+        if args.only and path.exists():  # a partial rerun replaces only its packages
+            old = json.loads(path.read_text())
+            if old.get("mode") == run["mode"]:
+                fresh = {r["package"]: r for r in results}
+                kept = [fresh.pop(r["package"], r) for r in old["results"]]
+                run["results"] = kept + list(fresh.values())
+        path.write_text(json.dumps(run, indent=1))
     out.write_text(render(load_runs(saved), out))
     print(f"wrote {out}")
     return 0 if all("error" not in r for r in results) else 1
