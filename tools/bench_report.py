@@ -207,8 +207,6 @@ def load_runs(folder: Path) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    import torch
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
     parser.add_argument("--only", nargs="*", help="packages to run (default: all)")
@@ -222,6 +220,8 @@ def main() -> int:
     out, saved = Path(args.out), Path(args.runs)
     results: list[dict[str, Any]] = []
     if not args.render_only:
+        import torch
+
         machine = machine_info()
         benches = sorted(ROOT.glob("packages/*/benchmarks/run.py"))
         if not args.only or "dt-core" in args.only:

@@ -149,6 +149,8 @@ def test_deprecated_install_flex_rule_goes_through_dt_core_only() -> None:
     """With autoload off nothing is installed; the deprecated call warns and activates
     dt-core (the one install path: the HOP rules and the flex check's patch come from
     there), and `remove_flex_rule()` deactivates what it activated, torch's check back."""
+    import os
+
     from dt_core.testing.scripts import run_python
 
     out = run_python(
@@ -172,7 +174,7 @@ def test_deprecated_install_flex_rule_goes_through_dt_core_only() -> None:
         rule = DTensor in flex_attention_backward.python_key_table
         print("REMOVED", dt_core.is_active(), rule, front_end._validate_device is original)
         """,
-        env={**__import__("os").environ, "DT_PLUGINS_AUTOLOAD": "0"},
+        env={**os.environ, "DT_PLUGINS_AUTOLOAD": "0"},
     )
     assert "BEFORE False False" in out, out
     assert "WARNED ['DeprecationWarning']" in out, out

@@ -230,7 +230,8 @@ def test_swiglu_with_mismatched_shard_dims_compiles_to_one_process_values() -> N
     (want**2).sum().backward()
     assert calls, "the compiled block ran no dt-symm-mem op: the passes were not exercised"
     torch.testing.assert_close(out, want.chunk(2, dim=1)[rank], rtol=1e-5, atol=1e-5)
+    references = dict(reference.named_parameters())
     for name, p in model.named_parameters():
-        ref = dict(reference.named_parameters())[name]
+        ref = references[name]
         assert p.grad is not None and ref.grad is not None, name
         torch.testing.assert_close(p.grad.full_tensor(), ref.grad, rtol=1e-5, atol=1e-5)

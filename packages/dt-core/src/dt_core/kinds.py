@@ -18,12 +18,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from . import contributions, installers
-
-if TYPE_CHECKING:
-    from .installers import Undo
 
 Column = Literal["ops", "passes", "patches"]
 
@@ -53,7 +50,7 @@ class Kind:
     hook: str  # the hook, specified (and documented) in `dt_core.hookspecs`
     record_type: type
     part: Part
-    install: Callable[[str, Any], Undo]  # (plugin name, contribution) -> undo
+    install: Callable[[str, Any], installers.Undo]  # (plugin name, contribution) -> undo
     claims: Callable[[str, Any], list[str]]  # (plugin name, contribution) -> conflict keys
     column: Column  # where `dt-plugins list` shows the claims
     describe: Callable[[Any], dict[str, Any]] | None = None  # extra detail for the listing

@@ -35,7 +35,7 @@ from .sparsity import BlockVisibility
 LN2 = math.log(2.0)
 # Whether the deprecated `install_flex_rule` activated dt-core (so `remove_flex_rule` may
 # deactivate it again).
-_activated_here: list[bool] = []
+_activated_here = False
 
 
 def _plain(buffers: tuple) -> tuple:
@@ -202,6 +202,7 @@ def install_flex_rule() -> None:
     activates dt-core's plugins if nothing did yet; `remove_flex_rule()` undoes that."""
     import dt_core
 
+    global _activated_here
     warnings.warn(
         "dt_cp.install_flex_rule() is no longer needed: installing dt-cp registers the "
         "flex_attention rules (dt-core hook dt_hop_rules); with autoload off, call "
@@ -211,7 +212,7 @@ def install_flex_rule() -> None:
     )
     if not dt_core.is_active():
         dt_core.activate()
-        _activated_here.append(True)
+        _activated_here = True
 
 
 def remove_flex_rule() -> None:
@@ -219,6 +220,7 @@ def remove_flex_rule() -> None:
     activated them (otherwise they stay: dt-core owns the rules)."""
     import dt_core
 
+    global _activated_here
     if _activated_here:
-        _activated_here.clear()
+        _activated_here = False
         dt_core.deactivate()
