@@ -71,6 +71,9 @@ def test_fused_ops_called_directly_trace_under_compile() -> None:
     before = ops.counters.snapshot()
     got = torch.compile(block, fullgraph=True)(x, B)
     calls = ops.counters.changes(before)
+    # The first op on these ranks also maps the group's workspace; which test runs first
+    # on a shared world is up to the scheduler, so that counter is not part of the check.
+    calls.pop("workspace_segments", None)
     assert calls == {
         "fused_all_gather_matmul": 1,
         "fused_matmul_reduce_scatter": 1,
@@ -112,6 +115,7 @@ def test_scaled_ops_trace_with_torchs_meta_kernels() -> None:
     before = ops.counters.snapshot()
     got = torch.compile(block, backend="aot_eager", fullgraph=True)(x, B, s)
     calls = ops.counters.changes(before)
+    calls.pop("workspace_segments", None)  # mapped by whichever test runs first
     assert calls == {"fused_all_gather_scaled_matmul": 1, "fused_scaled_matmul_reduce_scatter": 1}
     want = block(x, B, s)
     for g, w in zip(got, want, strict=True):

@@ -166,6 +166,7 @@ def test_fused_matmul_ops() -> None:
 def run_low_contention_cases() -> None:
     import dt_symm_mem
     import torch.distributed as dist
+    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem.*)
 
     name = dist.group.WORLD.group_name
     rank, world = dist.get_rank(), dist.get_world_size()
