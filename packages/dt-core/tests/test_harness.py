@@ -270,33 +270,3 @@ def test_runs_under_xdist(pytester):
     result.assert_outcomes(passed=4)
     output = result.stdout.str()
     assert "[gw0]" in output and "[gw1]" in output  # two workers, each with its own world
-
-
-PLAIN_TESTS = """
-import time
-
-import pytest
-
-
-@pytest.mark.parametrize("i", range(6))
-def test_plain(i):
-    time.sleep(0.5)
-    assert i >= 0
-"""
-
-
-def test_rank_tests_share_one_xdist_worker_under_loadgroup(pytester):
-    """The test cells' `-n 2 --dist loadgroup`: every test on spawned ranks, marker or
-    fixture, runs on one worker (so one set of worlds), the other tests anywhere."""
-    pytester.makepyfile(
-        test_par_a=PARALLEL_TESTS, test_par_b=PARALLEL_TESTS, test_plain=PLAIN_TESTS
-    )
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v"
-    )
-    result.assert_outcomes(passed=10)
-    ran_on = re.findall(r"\[(gw\d)\].*PASSED (\S+)", result.stdout.str())
-    rank_workers = {worker for worker, test in ran_on if "test_par_" in test}
-    assert len([test for _, test in ran_on if "test_par_" in test]) == 4, ran_on
-    assert len(rank_workers) == 1, ran_on
-    assert {worker for worker, _ in ran_on} == {"gw0", "gw1"}, ran_on

@@ -87,6 +87,27 @@ def test_fused_matmul_reduce_scatter_and_low_contention(world: int) -> None:
 
 
 @pytest.mark.parametrize("world", (2, 4))
+def test_summed_matmuls_reduce_scatter(world: int) -> None:
+    """dt-symm-mem's own op: the sum of each rank's products, reduce-scattered."""
+    cases = itertools.product([(world * 2, 4), (world, 2 * world, 4)], [0, 1, -1], ["sum", "avg"])
+    for shape, dim, op in cases:
+        dim = dim % len(shape)
+        As = [[ints(shape, 10 * t + r) for r in range(world)] for t in range(2)]
+        Bs = [ints((shape[-1], 2 * world), 90 + t) for t in range(2)]
+        with simulated_ranks(world) as mode:
+            got = torch.ops.dt_symm_mem.fused_matmuls_reduce_scatter(
+                [mode.rank_map(lambda r, t=t: As[t][r]) for t in range(2)],
+                Bs,
+                op,
+                dim,
+                dist.group.WORLD.group_name,
+            )
+        total = reduced([As[0][r] @ Bs[0] + As[1][r] @ Bs[1] for r in range(world)], op)
+        for r in range(world):
+            assert torch.equal(rank_values(got, world)[r], chunk_of(total, world, dim, r))
+
+
+@pytest.mark.parametrize("world", (2, 4))
 @pytest.mark.parametrize("mode_name", ["tensor", "row-sharded", "row-replicated"])
 def test_scaled_variants(world: int, mode_name: str) -> None:
     shape, dim = (2, 4, 16), 1

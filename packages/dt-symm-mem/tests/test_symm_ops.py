@@ -1,5 +1,6 @@
-"""The six symm_mem ops on CPU, through `torch.ops.symm_mem.*`, against the plain
-collective + matmul computed with gloo, on 2 and 4 ranks.
+"""The six symm_mem ops on CPU, through `torch.ops.symm_mem.*`, and dt-symm-mem's own
+`dt_symm_mem::fused_matmuls_reduce_scatter`, against the plain collective + matmul
+computed with gloo, on 2 and 4 ranks.
 
 Inputs are small integers, so every product and sum is exact in fp32, bf16 and fp16 in
 any order: results must be bitwise equal (torch.equal), not merely close. Output sizes
@@ -95,6 +96,24 @@ def check_matmul_reduce_scatter(case: tuple, name: str) -> str | None:
     return None if same(got, want, meta) else f"differs: {case}"
 
 
+def check_summed_matmuls_reduce_scatter(case: tuple, name: str) -> str | None:
+    """dt-symm-mem's own op (what its pass makes of a reduce-scatter of summed matmuls):
+    three terms in fp32, two in the half types (sums stay exact integers there)."""
+    import torch.distributed as dist
+
+    shape, scatter_dim, reduce_op, dtype, seed = case
+    rank = dist.get_rank()
+    terms = 3 if dtype == torch.float32 else 2
+    As = [ints(shape, seed + rank + 100 * t, dtype) for t in range(terms)]
+    Bs = [ints((shape[-1], 8), seed + 50 + t, dtype) for t in range(terms)]
+    op = torch.ops.dt_symm_mem.fused_matmuls_reduce_scatter
+    got = op(As, Bs, reduce_op, scatter_dim, name)
+    meta = op([a.to("meta") for a in As], [b.to("meta") for b in Bs], reduce_op, scatter_dim, name)
+    total = sum(a.double() @ b.double() for a, b in zip(As, Bs, strict=True))
+    want = reduce_scatter(total.to(dtype), reduce_op, scatter_dim)
+    return None if same(got, want, meta) else f"summed differs: {case}"
+
+
 def ag_cases(world: int, count: int) -> list[tuple]:
     rng = random.Random(world)  # same cases on every rank
     shapes = [(4, 8), (2, 3, 8), (1, 5), (3, 2, 2, 4)]
@@ -154,6 +173,7 @@ def run_matmul_cases() -> None:
     world = dist.get_world_size()
     failures = [f for c in ag_cases(world, 48) if (f := check_all_gather_matmul(c, name))]
     failures += [f for c in rs_cases(world) if (f := check_matmul_reduce_scatter(c, name))]
+    failures += [f for c in rs_cases(world) if (f := check_summed_matmuls_reduce_scatter(c, name))]
     assert not failures, "\n".join(failures)
     check_random_floats(name)
 

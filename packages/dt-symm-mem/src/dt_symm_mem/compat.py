@@ -11,6 +11,9 @@ Interface (plain functions):
     fuse_all_gather_match(match, accept) / fuse_reduce_scatter_match(match, accept)
     match_tensor(node) -> the example tensor of an FX node ("val" meta)
     all_gather_match_parts(match) / reduce_scatter_match_parts(match) -> (node, group name)
+    reduce_scatter_match_reduction(match) -> (reduce op, scatter dim)
+    reduce_scatter_match_start(match) -> the reduce-scatter node
+    replace_reduce_scatter_match(match, new_node)
     scalar_types_to_dtypes(values)
     has_kernel(qualified_name, dispatch_key) -> bool
     tracing_modes_active() -> bool          a torch function or dispatch mode is active
@@ -151,6 +154,23 @@ def all_gather_match_parts(match: Any) -> tuple[Any, str]:
 def reduce_scatter_match_parts(match: Any) -> tuple[Any, str]:
     """(input node, group name) of a reduce-scatter match."""
     return match.input_node, match.group_name
+
+
+def reduce_scatter_match_reduction(match: Any) -> tuple[str, int]:
+    """(reduce op, scatter dim of the reduce-scatter's input) of a reduce-scatter match."""
+    return match.reduce_op, match.scatter_dim
+
+
+def reduce_scatter_match_start(match: Any) -> Any:
+    """The reduce-scatter node of a match: a replacement goes right before it."""
+    return match.reduce_scatter_node
+
+
+def replace_reduce_scatter_match(match: Any, new_node: Any) -> None:
+    """Use `new_node` wherever the match's result was used (a saved-for-backward output
+    included, as torch's own fusion does) and erase the match's nodes."""
+    match.replace_with(new_node)
+    match.erase()
 
 
 def scalar_types_to_dtypes(values: list[Any]) -> list[Any]:

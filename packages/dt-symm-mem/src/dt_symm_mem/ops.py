@@ -296,32 +296,100 @@ def fused_matmul_reduce_scatter(
     counters.add("fused_matmul_reduce_scatter")
     _check_rs_args(A, B, scatter_dim, "Invalid gather_dim")
     _check_reduce_op(reduce_op)
+    return _matmuls_reduce_scatter([A], [B], reduce_op, scatter_dim, group_name)
+
+
+def fused_matmuls_reduce_scatter(
+    As: Sequence[torch.Tensor],
+    Bs: Sequence[torch.Tensor],
+    reduce_op: str,
+    scatter_dim: int,
+    group_name: Any,
+) -> torch.Tensor:
+    """`reduce_scatter(As[0] @ Bs[0] + As[1] @ Bs[1] + ..., reduce_op, scatter_dim)`
+    without joining the terms: each destination's chunk is the first product with each
+    further one added to it in turn (the products and adds of the unfused sum), produced
+    straight into shared memory. Joining them first (`cat` of the As) copies every A once
+    per call, which cost more on a CPU than the fusion saves."""
+    counters.add("fused_matmuls_reduce_scatter")
+    _check_summed_terms(As, Bs, scatter_dim)
+    _check_reduce_op(reduce_op)
+    return _matmuls_reduce_scatter(list(As), list(Bs), reduce_op, scatter_dim, group_name)
+
+
+def _check_summed_terms(
+    As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], scatter_dim: int
+) -> None:
+    """Every term `As[i] @ Bs[i]` valid on its own and of one shape and dtype."""
+    if not As or len(As) != len(Bs):
+        raise ValueError(f"As and Bs must be of one non-zero length, got {len(As)}, {len(Bs)}")
+    for A, B in zip(As, Bs, strict=True):
+        _check_rs_args(A, B, scatter_dim, "Invalid scatter_dim")
+        if A.shape[:-1] != As[0].shape[:-1] or B.shape[1] != Bs[0].shape[1]:
+            raise ValueError("every term A @ B must have the same shape")
+        if A.dtype != As[0].dtype or B.dtype != As[0].dtype:
+            raise ValueError("every A and B must have one dtype")
+
+
+Pieces = Callable[[int], list[tuple[torch.Tensor, torch.Tensor]]]
+
+
+def _matmuls_reduce_scatter(
+    As: list[torch.Tensor],
+    Bs: list[torch.Tensor],
+    reduce_op: str,
+    scatter_dim: int,
+    group_name: Any,
+) -> torch.Tensor:
+    """The summed products' reduce-scatter; argument checks are the callers'."""
     group = resolve_group(group_name)
     world = group.size()
-    dtype = A.dtype
+    A, B = As[0], Bs[0]
     if scatter_dim == A.dim() - 1:
         _check_divisible(B.shape[1], world, "B.shape[1]")
-        B_cols = B.chunk(world, dim=1)
-        A_flat = A.flatten(0, -2)
-        chunk = (A_flat.shape[0], B.shape[1] // world)
+        flats = [a.flatten(0, -2) for a in As]
+        columns = [b.chunk(world, dim=1) for b in Bs]
 
-        def produce_cols(dest: int, out: torch.Tensor) -> None:
-            torch.mm(A_flat, B_cols[dest], out=out)
+        def column_pieces(dest: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            return [(a, cols[dest]) for a, cols in zip(flats, columns, strict=True)]
 
-        stacked = produce_all_to_all(group, chunk, dtype, produce_cols)
+        chunk = (flats[0].shape[0], B.shape[1] // world)
+        producer = _summed_products(column_pieces, chunk, A.dtype)
+        stacked = produce_all_to_all(group, chunk, A.dtype, producer)
         return _standard_contiguous(_reduce(stacked, reduce_op).view(*A.shape[:-1], -1))
     _check_divisible(A.shape[scatter_dim], world, f"A.shape[{scatter_dim}]")
     x = A.movedim(scatter_dim, 0)
     leading = [world, *x.shape[:-1]]
     leading[1] //= world
-    rows = x.flatten(0, -2).chunk(world)
+    row_chunks = [a.movedim(scatter_dim, 0).flatten(0, -2).chunk(world) for a in As]
 
-    def produce_rows(dest: int, out: torch.Tensor) -> None:
-        torch.mm(rows[dest], B, out=out)
+    def row_pieces(dest: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(rows[dest], b) for rows, b in zip(row_chunks, Bs, strict=True)]
 
-    stacked = produce_all_to_all(group, (rows[0].shape[0], B.shape[1]), dtype, produce_rows)
+    chunk = (row_chunks[0][0].shape[0], B.shape[1])
+    producer = _summed_products(row_pieces, chunk, A.dtype)
+    stacked = produce_all_to_all(group, chunk, A.dtype, producer)
     result = _reduce(stacked.view(*leading, -1), reduce_op).movedim(0, scatter_dim)
     return _standard_contiguous(result)
+
+
+def _summed_products(
+    pieces: Pieces, chunk: tuple[int, int], dtype: torch.dtype
+) -> Callable[[int, torch.Tensor], None]:
+    """A producer writing `sum(a @ b for (a, b) in pieces(dest))` into `out`: the first
+    product in place, each further one through one scratch chunk and an add."""
+    scratch: list[torch.Tensor] = []
+
+    def produce(dest: int, out: torch.Tensor) -> None:
+        (a, b), *rest = pieces(dest)
+        torch.mm(a, b, out=out)
+        for a, b in rest:
+            if not scratch:
+                scratch.append(torch.empty(chunk, dtype=dtype))
+            torch.mm(a, b, out=scratch[0])
+            out.add_(scratch[0])
+
+    return produce
 
 
 def fused_scaled_matmul_reduce_scatter(

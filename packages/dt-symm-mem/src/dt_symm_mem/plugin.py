@@ -47,10 +47,26 @@ def _define(lib: Any) -> None:
         lib.impl(op_name, _kernel(function_name), "CPU")
 
 
+def _define_own(lib: Any) -> None:
+    from dt_symm_mem import library
+
+    library.define(lib)
+
+
+# dt_symm_mem::fused_matmuls_reduce_scatter (dt_symm_mem.library; kept here so that
+# listing the plugin imports nothing more)
+OWN_NAMESPACE = "dt_symm_mem"
+OWN_OPS = ["fused_matmuls_reduce_scatter"]
+
+
 @hookimpl
 def dt_library_ops() -> list[LibraryOps]:
     ops = [f"{NAMESPACE}::{name}@CPU" for name in KERNELS]
-    return [LibraryOps(NAMESPACE, _define, ops=ops, kind="IMPL", defined_in=DEFINED_IN)]
+    own = [f"{OWN_NAMESPACE}::{name}" for name in OWN_OPS]
+    return [
+        LibraryOps(NAMESPACE, _define, ops=ops, kind="IMPL", defined_in=DEFINED_IN),
+        LibraryOps(OWN_NAMESPACE, _define_own, ops=own),
+    ]
 
 
 def _simulated(mode: Any, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
@@ -62,7 +78,8 @@ def _simulated(mode: Any, func: Any, types: Any, args: tuple, kwargs: dict) -> A
 @hookimpl
 def dt_local_tensor_rules() -> list[LocalTensorRule]:
     """Under torch's LocalTensorMode the ops compute every simulated rank's result."""
-    return [LocalTensorRule(f"{NAMESPACE}::{name}", _simulated) for name in KERNELS]
+    rules = [LocalTensorRule(f"{NAMESPACE}::{name}", _simulated) for name in KERNELS]
+    return rules + [LocalTensorRule(f"{OWN_NAMESPACE}::{name}", _simulated) for name in OWN_OPS]
 
 
 def _fuse(graph: Any) -> None:

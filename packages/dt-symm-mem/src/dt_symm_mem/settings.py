@@ -13,9 +13,9 @@ from dt_core.kit import SettingsStore
 class SymmMemSettings:
     """compile_pass: fuse all-gather / reduce-scatter + matmul of CPU groups in compiled
     graphs (DT_SYMM_MEM_COMPILE_PASS=0 turns it off).
-    merge_summed_matmuls: before that fusion, join a sum of matmuls feeding a
-    reduce-scatter into one matmul so it fuses too (DT_SYMM_MEM_MERGE_SUMMED_MATMULS=0
-    keeps such sums as they are).
+    merge_summed_matmuls: fuse a sum of matmuls feeding a reduce-scatter too, into
+    dt_symm_mem::fused_matmuls_reduce_scatter (DT_SYMM_MEM_MERGE_SUMMED_MATMULS=0 keeps
+    such sums as they are).
     timeout: seconds a rank waits for its peers before raising (a peer died or hangs).
     disable: never use the shared-memory workspace; the ops fall back to torch's
     collectives (exact, slower)."""

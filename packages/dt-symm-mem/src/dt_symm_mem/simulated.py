@@ -1,4 +1,5 @@
-"""The six ops under torch's LocalTensorMode, where one process simulates every rank.
+"""The six ops, and dt-symm-mem's own summed one, under torch's LocalTensorMode, where
+one process simulates every rank.
 
 LocalTensorMode runs an op once per simulated rank, which cannot work for a kernel that
 waits on its peers through shared memory, and torch refuses `symm_mem` ops there. These
@@ -94,6 +95,20 @@ def fused_matmul_reduce_scatter(a: dict[str, Any]) -> torch.Tensor:
     return _reduce_scatter(A @ B, op, dim, name)
 
 
+def fused_matmuls_reduce_scatter(a: dict[str, Any]) -> torch.Tensor:
+    As, Bs, op, dim, name = a["As"], a["Bs"], a["reduce_op"], a["scatter_dim"], a["group_name"]
+    ops._check_summed_terms(As, Bs, dim)
+    ops._check_reduce_op(op)
+    size = Bs[0].shape[1] if dim == As[0].dim() - 1 else As[0].shape[dim]
+    ops._check_divisible(
+        size, _world(name), "B.shape[1]" if dim == As[0].dim() - 1 else f"A.shape[{dim}]"
+    )
+    total = As[0] @ Bs[0]
+    for A, B in zip(As[1:], Bs[1:], strict=True):
+        total = total + A @ B
+    return _reduce_scatter(total, op, dim, name)
+
+
 def fused_scaled_matmul_reduce_scatter(a: dict[str, Any]) -> torch.Tensor:
     A, B, op, name = a["A"], a["B"], a["reduce_op"], a["group_name"]
     dim, after = a["orig_scatter_dim"], a["scatter_dim_after_maybe_reshape"]
@@ -127,6 +142,7 @@ RULES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "fused_all_gather_scaled_matmul": fused_all_gather_scaled_matmul,
     "fused_matmul_reduce_scatter": fused_matmul_reduce_scatter,
     "fused_scaled_matmul_reduce_scatter": fused_scaled_matmul_reduce_scatter,
+    "fused_matmuls_reduce_scatter": fused_matmuls_reduce_scatter,  # dt_symm_mem's own
     "_low_contention_all_gather": low_contention_all_gather,
     "_low_contention_reduce_scatter": low_contention_reduce_scatter,
 }

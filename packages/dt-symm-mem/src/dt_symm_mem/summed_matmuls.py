@@ -1,21 +1,22 @@
 """Inductor post-grad pass, run before the micro-pipeline fusion: a reduce-scatter of a
-SUM of matmuls becomes a reduce-scatter of ONE matmul, which the fusion then turns into
-torch's `symm_mem::fused_matmul_reduce_scatter` (CPU groups: this plugin's fusion).
+SUM of matmuls becomes ONE fused op, `dt_symm_mem::fused_matmuls_reduce_scatter` (CPU
+groups only), which computes each destination's chunk of every product and adds them.
 
 Why: in backward, the input gradient of a SwiGLU FFN (and of attention's q/k/v
 projections) is `g1 @ W1 + g3 @ W3 (+ ...)`, summed before the sequence-parallel
 reduce-scatter. torch's matcher looks for a reduce-scatter fed by one matmul and finds
-none there, so those reduce-scatters stay exposed. The sum of products is one product
-over the concatenated inner dimension:
+none there, so those reduce-scatters stay exposed.
 
-    A1 @ B1 + A2 @ B2 == cat([A1, A2], -1) @ cat([B1, B2], 0)
-
-exact in arithmetic (the same products, summed in one matmul's order instead of two
-matmuls and an add), with one reduce-scatter of the same size as before. The cats copy
-the operands once; the matmul is unchanged in work.
+The first form of this pass joined the terms into one matmul over the concatenated inner
+dimension (`cat([A1, A2], -1) @ cat([B1, B2], 0)`) and left the rest to torch's fused op.
+Exact, but the `cat` copies every A once per call: on 2 CPU ranks, at 2 x 2048x2048 @
+2048x128 fp32, the join alone took 31 ms and the joined, fused call 65 ms against 52 ms
+for the unfused sum (2026-11-26). The fused op without the join needs no copy: the same
+products and adds as the unfused graph, chunk by chunk into shared memory.
 
 Only sums whose every term is a single-use matmul (2-D `mm`, or torch's N-D form
-`reshape -> mm -> reshape`) of one dtype are merged; anything else is left as it was.
+`reshape -> mm -> reshape`) of one dtype and shape are fused; anything else is left as
+it was.
 """
 
 from __future__ import annotations
@@ -108,14 +109,6 @@ def _mergeable(terms: list[_Term], out: Any) -> bool:
     ) and tuple(out.shape) == (*first_a.shape[:-1], first_b.shape[1])
 
 
-def _call(graph: Any, target: Any, *args: Any) -> Any:
-    """A new node computing `target(*args)`, with its example value (FakeTensors compute
-    on their own mode) for the passes that read it."""
-    node = graph.call_function(target, args)
-    node.meta["val"] = target(*(_example(a) for a in args))
-    return node
-
-
 def _example(arg: Any) -> Any:
     if isinstance(arg, torch.fx.Node):
         return _val(arg)
@@ -124,8 +117,10 @@ def _example(arg: Any) -> Any:
     return arg
 
 
-def merge_sum(graph: Any, root: Any) -> bool:
-    """Rewrite the add tree at `root` into one matmul if every leaf is a matmul term."""
+def fuse_summed_reduce_scatter(graph: Any, match: Any) -> bool:
+    """Replace the reduce-scatter `match` by one fused op if its input is a sum whose every
+    term is a matmul; False (graph untouched) otherwise."""
+    root, group_name = compat.reduce_scatter_match_parts(match)
     tree = _add_tree(root)
     if tree is None:
         return False
@@ -137,17 +132,13 @@ def merge_sum(graph: Any, root: Any) -> bool:
     found = [t for t in terms if t is not None]
     if not _mergeable(found, out):
         return False
-    with graph.inserting_before(root):
-        a = _call(graph, aten.cat.default, [t.a for t in found], -1)
-        b = _call(graph, aten.cat.default, [t.b for t in found], 0)
-        if len(found[0].nodes) == 3:
-            rows = math.prod(out.shape[:-1])
-            flat = _call(graph, aten.reshape.default, a, [rows, _val(a).shape[-1]])
-            mm = _call(graph, aten.mm.default, flat, b)
-            merged = _call(graph, aten.reshape.default, mm, list(out.shape))
-        else:
-            merged = _call(graph, aten.mm.default, a, b)
-    root.replace_all_uses_with(merged)
+    reduce_op, scatter_dim = compat.reduce_scatter_match_reduction(match)
+    args = ([t.a for t in found], [t.b for t in found], reduce_op, scatter_dim, group_name)
+    op = torch.ops.dt_symm_mem.fused_matmuls_reduce_scatter.default
+    with graph.inserting_before(compat.reduce_scatter_match_start(match)):
+        fused = graph.call_function(op, args)
+    fused.meta["val"] = op(*(_example(a) for a in args))  # fake kernel on the fake values
+    compat.replace_reduce_scatter_match(match, fused)
     _erase_unused([root, *inner_adds, *(n for t in found for n in t.nodes)])
     return True
 
@@ -165,12 +156,13 @@ def _erase_unused(nodes: list[Any]) -> None:
 
 
 def _fusion_follows(input_node: Any) -> bool:
-    """Merge only where this plugin's fusion takes the merged matmul: CPU groups.
+    """Fuse only where this plugin's kernel runs the fused op: CPU groups.
 
-    Accelerator graphs are left as torch made them. On an H100 (2026-11-26) the join
-    (cat + one matmul) took 1.05-1.32x the time of the two matmuls and the add at LLM
-    shapes in bf16 (8192 x 2x7168 x 4096: 1.46 vs 1.23 ms), which the reduce-scatter's
-    overlap would have to pay back; that is unmeasured (it needs 2 GPUs)."""
+    Accelerator graphs are left as torch made them: the op has no CUDA kernel, and the
+    join torch's own fused op would need (cat + one matmul) took 1.05-1.32x the time of
+    the two matmuls and the add on an H100 (2026-11-26) at LLM shapes in bf16 (8192 x
+    2x7168 x 4096: 1.46 vs 1.23 ms), which the reduce-scatter's overlap would have to pay
+    back; that is unmeasured (it needs 2 GPUs)."""
     value = _val(input_node)
     current = settings.current()
     if value is None or not (current.merge_summed_matmuls and current.compile_pass):
@@ -179,8 +171,8 @@ def _fusion_follows(input_node: Any) -> bool:
 
 
 def merge_summed_matmuls_before_reduce_scatter(graph: Any) -> None:
-    """The pass: every reduce-scatter fed by a sum of matmuls gets one matmul."""
+    """The pass: every CPU reduce-scatter fed by a sum of matmuls becomes one fused op."""
     for match in compat.find_reduce_scatter_matches(graph):
         input_node, _ = compat.reduce_scatter_match_parts(match)
         if _fusion_follows(input_node):
-            merge_sum(graph, input_node)
+            fuse_summed_reduce_scatter(graph, match)

@@ -30,12 +30,12 @@ COLLECTIVES = (
 
 
 def collective_counts(code: str, names: tuple[str, ...] = COLLECTIVES) -> dict[str, int]:
-    """How many calls of each functional collective (`_c10d_functional.<name>`) or fused
-    symm_mem op (`symm_mem.<name>`) one module of Inductor's generated code makes."""
+    """How many calls of each op `<name>` one module of Inductor's generated code makes,
+    in any op namespace (`_c10d_functional.<name>`, `symm_mem.<name>`, a plugin's own)."""
     import re
 
     lines = [line.strip() for line in code.splitlines()]
-    pattern = r"(\w+ = )?torch\.ops\.(_c10d_functional|symm_mem)\.{}\."
+    pattern = r"(\w+ = )?torch\.ops\.\w+\.{}\."
     return {n: sum(bool(re.match(pattern.format(n), line)) for line in lines) for n in names}
 
 

@@ -25,18 +25,10 @@ _MARKER_HELP = (
     "$DT_TEST_RANK_TIMEOUT or 120."
 )
 WORLD_SIZE_FIXTURE = "world_size"
-# The pytest-xdist group of every test that runs on spawned ranks. Under `--dist loadgroup`
-# they all run on one worker, one after another, sharing that worker's worlds, while the
-# other worker runs the single-process tests (subprocesses, simulated ranks, fake worlds)
-# on the core the ranks leave idle; two workers each running 2-4 ranks would crowd two
-# cores and spawn every world twice.
-RANKS_GROUP = "dt-ranks"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
-    # pytest-xdist registers it too; this keeps the mark known when xdist is absent.
-    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist's scheduling group")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -49,15 +41,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if WORLD_SIZE_FIXTURE not in metafunc.fixturenames:
             metafunc.fixturenames.append(WORLD_SIZE_FIXTURE)
         metafunc.parametrize(WORLD_SIZE_FIXTURE, sizes, ids=[f"{n}ranks" for n in sizes])
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put every test that runs on spawned ranks in the `RANKS_GROUP` xdist group."""
-    for item in items:
-        uses_ranks = item.get_closest_marker("ranks") is not None
-        if uses_ranks or "dist_world" in getattr(item, "fixturenames", ()):
-            if item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(RANKS_GROUP))
 
 
 @pytest.fixture
