@@ -161,6 +161,20 @@ def test_bad_arguments_get_the_kernels_messages() -> None:
             torch.ops.symm_mem._low_contention_reduce_scatter(
                 mode.rank_map(lambda r: torch.ones(3, 2)), "sum", name
             )
+        summed = torch.ops.dt_symm_mem.fused_matmuls_reduce_scatter
+        B = torch.ones(2, 2)
+        with pytest.raises(ValueError, match="As and Bs must be of one non-zero length"):
+            summed([x], [B, B], "sum", 0, name)
+        with pytest.raises(ValueError, match="every term A @ B must have the same shape"):
+            summed([x, x], [B, torch.ones(2, 3)], "sum", 0, name)
+        with pytest.raises(ValueError, match="every A and B must have one dtype"):
+            summed([x, x], [B, B.double()], "sum", 0, name)
+    # the fake kernel (what Inductor's graphs carry) checks the same
+    meta = torch.ones(4, 2, device="meta")
+    with pytest.raises(ValueError, match="every term A @ B must have the same shape"):
+        torch.ops.dt_symm_mem.fused_matmuls_reduce_scatter(
+            [meta, meta], [B.to("meta"), torch.ones(2, 3, device="meta")], "sum", 0, "0"
+        )
 
 
 def test_rules_leave_with_the_plugin() -> None:
