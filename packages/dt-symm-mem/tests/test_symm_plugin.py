@@ -28,12 +28,14 @@ def test_import_torch_leaves_torchs_symm_mem_module_unimported() -> None:
 def test_plugin_is_active_and_claims_the_cpu_kernels() -> None:
     import dt_core
     import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem.*)
-    from dt_symm_mem.plugin import KERNELS
+    from dt_symm_mem.plugin import KERNELS, OWN_OPS
 
     info = {p.name: p for p in dt_core.plugins()}["symm-mem"]
     assert info.state == "active", info
     cpu_kernels = {f"symm_mem::{name}@CPU" for name in KERNELS}
+    cpu_kernels |= {f"dt_symm_mem::{name}" for name in OWN_OPS}  # its own summed op
     simulated = {f"symm_mem::{name}[LocalTensorMode]" for name in KERNELS}
+    simulated |= {f"dt_symm_mem::{name}[LocalTensorMode]" for name in OWN_OPS}
     # LocalTensorMode rules are listed once torch's module for that mode was imported
     assert set(info.ops) in (cpu_kernels, cpu_kernels | simulated), info.ops
     for name in KERNELS:
