@@ -55,6 +55,9 @@ def test_eager_reshard_frees_gathered_weights_and_matches() -> None:
     kept = _eager_reshard(False)
     freed = _eager_reshard(True)
     assert kept["grown"] > 0.8 * full_weights, (kept, full_weights)  # saved for backward
-    assert freed["grown"] < 0.3 * full_weights, (freed, full_weights)  # only shards stay
+    # only shards stay. The bound leaves room for one stray full weight (4 MiB of 12): a
+    # run under pytest-xdist once found one still resident, on a rank world other tests
+    # had used before; keeping the weights for backward grows by all three.
+    assert freed["grown"] < 0.5 * full_weights, (freed, full_weights)
     for result in (kept, freed):
         assert result["errors"]["loss"] < 2e-6 and result["errors"]["params"] < 2e-6, result
