@@ -39,7 +39,7 @@ def _fake(As: Any, Bs: Any, reduce_op: str, scatter_dim: int, group_name: str) -
     ops._check_summed_terms(As, Bs, scatter_dim)
     ops._check_reduce_op(reduce_op)
     world = int(compat.resolve_process_group(group_name).size())
+    ops._check_rs_divisible(As[0], Bs[0], scatter_dim, world)
     shape = [*As[0].shape[:-1], Bs[0].shape[1]]
-    ops._check_divisible(shape[scatter_dim], world, f"the output's dim {scatter_dim}")
     shape[scatter_dim] //= world
     return As[0].new_empty(shape)

@@ -54,6 +54,15 @@ def _check_divisible(size: int, world: int, what: str) -> None:
         raise ValueError(f"{what} ({size}) must be divisible by the group size ({world})")
 
 
+def _check_rs_divisible(A: torch.Tensor, B: torch.Tensor, scatter_dim: int, world: int) -> None:
+    """The product `A @ B` splits evenly along `scatter_dim`: B's columns for the last
+    dim, A's `scatter_dim` otherwise (every term of a sum has the same shape)."""
+    if scatter_dim == A.dim() - 1:
+        _check_divisible(B.shape[1], world, "B.shape[1]")
+    else:
+        _check_divisible(A.shape[scatter_dim], world, f"A.shape[{scatter_dim}]")
+
+
 # --- all-gather + matmul ----------------------------------------------------------------
 
 
@@ -345,8 +354,8 @@ def _matmuls_reduce_scatter(
     group = resolve_group(group_name)
     world = group.size()
     A, B = As[0], Bs[0]
+    _check_rs_divisible(A, B, scatter_dim, world)
     if scatter_dim == A.dim() - 1:
-        _check_divisible(B.shape[1], world, "B.shape[1]")
         flats = [a.flatten(0, -2) for a in As]
         columns = [b.chunk(world, dim=1) for b in Bs]
 
@@ -357,7 +366,6 @@ def _matmuls_reduce_scatter(
         producer = _summed_products(column_pieces, chunk, A.dtype)
         stacked = produce_all_to_all(group, chunk, A.dtype, producer)
         return _standard_contiguous(_reduce(stacked, reduce_op).view(*A.shape[:-1], -1))
-    _check_divisible(A.shape[scatter_dim], world, f"A.shape[{scatter_dim}]")
     x = A.movedim(scatter_dim, 0)
     leading = [world, *x.shape[:-1]]
     leading[1] //= world

@@ -88,10 +88,7 @@ def fused_matmul_reduce_scatter(a: dict[str, Any]) -> torch.Tensor:
     A, B, op, dim, name = a["A"], a["B"], a["reduce_op"], a["scatter_dim"], a["group_name"]
     ops._check_rs_args(A, B, dim, "Invalid gather_dim")
     ops._check_reduce_op(op)
-    size = B.shape[1] if dim == A.dim() - 1 else A.shape[dim]
-    ops._check_divisible(
-        size, _world(name), "B.shape[1]" if dim == A.dim() - 1 else f"A.shape[{dim}]"
-    )
+    ops._check_rs_divisible(A, B, dim, _world(name))
     return _reduce_scatter(A @ B, op, dim, name)
 
 
@@ -99,10 +96,7 @@ def fused_matmuls_reduce_scatter(a: dict[str, Any]) -> torch.Tensor:
     As, Bs, op, dim, name = a["As"], a["Bs"], a["reduce_op"], a["scatter_dim"], a["group_name"]
     ops._check_summed_terms(As, Bs, dim)
     ops._check_reduce_op(op)
-    size = Bs[0].shape[1] if dim == As[0].dim() - 1 else As[0].shape[dim]
-    ops._check_divisible(
-        size, _world(name), "B.shape[1]" if dim == As[0].dim() - 1 else f"A.shape[{dim}]"
-    )
+    ops._check_rs_divisible(As[0], Bs[0], dim, _world(name))
     total = As[0] @ Bs[0]
     for A, B in zip(As[1:], Bs[1:], strict=True):
         total = total + A @ B
