@@ -63,7 +63,10 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def run_stage(small: bool = True) -> dict:
+def run_stage(small: bool = True, backend: str = "inductor") -> dict:
+    """The demo's UNet stage: one training step, sharded and compiled by `backend`
+    (Inductor in the demo; tests of the stage alone may pass a cheaper one), against the
+    unsharded step."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
 
@@ -89,12 +92,12 @@ def run_stage(small: bool = True) -> dict:
     eager_loss, eager_grads = _step(sharded, xd, td)
     sent = halo.counters.get("bytes_sent") - sent
     eager_elapsed = _timed(lambda: _step(sharded, xd, td))
-    compiled = _compiled(sharded)
+    compiled = _compiled(sharded, backend)
     _step(compiled, xd, td)  # compiles
     elapsed = _timed(lambda: _step(compiled, xd, td))
     loss, grads = _step(compiled, xd, td)
 
-    compiled_ref = _compiled(ref)
+    compiled_ref = _compiled(ref, backend)
     _step(compiled_ref, x, target)  # compiles
     # without the plugin: gather the image, then the compiled unsharded step on every rank
     baseline = _timed(lambda: _step(compiled_ref, xd.full_tensor(), td.full_tensor()))
@@ -121,15 +124,15 @@ def run_stage(small: bool = True) -> dict:
         "time_s": timing[0].item(),
         "baseline_time_s": timing[1].item(),
         "bytes_communicated": int(timing[2].item()),
-        "details": f"image 2x2x{side}x{side} Shard(2), {dtype}, inductor fullgraph; "
+        "details": f"image 2x2x{side}x{side} Shard(2), {dtype}, {backend} fullgraph; "
         f"eager sharded step {timing[3].item():.4f} s; baseline: gather the image and run "
         "the compiled unsharded step on every rank",
     }
 
 
-def _compiled(model: nn.Module) -> nn.Module:
-    """`model` compiled whole by Inductor; still a module (torch.compile wraps it in one)."""
-    return cast(nn.Module, torch.compile(model, backend="inductor", fullgraph=True))
+def _compiled(model: nn.Module, backend: str) -> nn.Module:
+    """`model` compiled whole; still a module (torch.compile wraps it in one)."""
+    return cast(nn.Module, torch.compile(model, backend=backend, fullgraph=True))
 
 
 def _timed(step: Any) -> float:
