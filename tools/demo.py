@@ -4,10 +4,17 @@ Launched by torchrun (`hatch run demo` starts 2 CPU ranks on this machine; torch
 `--nproc-per-node` / `--nnodes` scale it out, and with GPUs the same code runs on NCCL):
 
     torchrun --standalone --nproc-per-node 2 tools/demo.py [--size small|full] [--out DIR]
+        [--compile-backend inductor|aot_eager]
 
 Each stage is a plugin's `dt_<name>.demo.run_stage(small)`; a plugin that is not
 installed is shown as such and the others still run. The exit code is 0 only when every
 stage that ran matched its reference.
+
+A stage that compiles to show its ops trace whole (dt-conv's UNet) takes
+`--compile-backend`: `aot_eager` traces the same graph but skips Inductor's C++ code
+generation, which on 2 CPU cores is most of the demo's time (the test suite's run; dt-conv's
+own tests compile its ops with Inductor). Stages whose feature is an Inductor pass
+(dt-fsdp-passes) always use Inductor.
 
 The console gets one progress line per stage and the closing table, nothing else: every
 rank's own output (torch's warnings, a failing stage's traceback) goes to
@@ -23,6 +30,7 @@ import datetime
 import faulthandler
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -90,6 +98,7 @@ def _run_stage(
     function: str = "run_stage",
     multiple: int = 1,
     requires: tuple[str, ...] = (),
+    compile_backend: str = "inductor",
 ) -> dict:
     """The stage's result; a stage that raises reports the error instead of stopping us."""
     import torch.distributed as dist
@@ -106,9 +115,13 @@ def _run_stage(
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         return {"ok": False, "error": f"no demo stage: {error}"}
+    stage = getattr(module, function)
+    options: dict = {"small": small}
+    if "backend" in inspect.signature(stage).parameters:
+        options["backend"] = compile_backend
     start = time.perf_counter()
     try:
-        result = dict(getattr(module, function)(small=small))
+        result = dict(stage(**options))
     except Exception as error:  # noqa: BLE001 - reported in the table, exit code 1
         traceback.print_exc()
         result = {"ok": False, "error": f"{type(error).__name__}: {error}"}
@@ -226,6 +239,12 @@ def main() -> int:
     parser.add_argument(
         "--out", type=Path, default=Path("build/demo"), help="logs, table and plots go here"
     )
+    parser.add_argument(
+        "--compile-backend",
+        choices=["inductor", "aot_eager"],
+        default="inductor",
+        help="torch.compile backend of the stages that take one (dt-conv's UNet)",
+    )
     args = parser.parse_args()
     out = args.out.resolve()
     log = _redirect_rank_output(out)
@@ -235,11 +254,16 @@ def main() -> int:
     stages = [(m, m, "run_stage", 1, ()) for m in args.stages] if args.stages else STAGES
     world = dist.get_world_size()
     backend = dist.get_backend()
-    _say(f"dt-plugins demo: {world} ranks, {backend}, size {args.size}")
+    _say(
+        f"dt-plugins demo: {world} ranks, {backend}, size {args.size}, "
+        f"compile backend {args.compile_backend}"
+    )
     rows = []
     for i, (package, module, function, multiple, requires) in enumerate(stages, 1):
         _say(f"[{i}/{len(stages)}] {package} ...")
-        result = _run_stage(module, args.size == "small", function, multiple, requires)
+        result = _run_stage(
+            module, args.size == "small", function, multiple, requires, args.compile_backend
+        )
         if result.get("missing"):
             status = result.get("why", "not installed")
         elif "error" in result:
