@@ -249,6 +249,15 @@ def main() -> int:
                 fresh = {r["package"]: r for r in results}
                 kept = [fresh.pop(r["package"], r) for r in old["results"]]
                 run["results"] = kept + list(fresh.values())
+                # the machine lines describe this rerun; the other rows keep their run's
+                earlier = old.get("earlier_machine", old["machine"])
+                run["earlier_machine"] = earlier
+                run["machine"] = [
+                    *machine,
+                    f"- rerun for {', '.join(args.only)}; the other rows are from the run "
+                    "before, on:",
+                    *(f"  {line}" for line in earlier),
+                ]
         path.write_text(json.dumps(run, indent=1))
     out.write_text(render(load_runs(saved), out))
     print(f"wrote {out}")
