@@ -143,7 +143,10 @@ def test_fsdp_x_tp_mixed_precision_bf16_params_fp32_reduce() -> None:
     assert param_err > 0, "bf16 compute gave bit-identical fp32 results: was it cast?"
 
 
-def _hsdp(compile_backend: str | None) -> tuple:
+def _hsdp(compile_backend: str | None, make=_MLP.make, before_training=None) -> tuple:
+    """simple_fsdp of `make()` on a 2x2 (rep, shard) mesh, eager or compiled whole by
+    `compile_backend`, trained against one process; `before_training(run)` first sees
+    the model as it will be trained (to read its compiled program)."""
     import torch
     import torch.distributed as dist
     from dt_core.testing import cpu_mesh
@@ -151,11 +154,17 @@ def _hsdp(compile_backend: str | None) -> tuple:
 
     _setup()
     mesh = cpu_mesh((2, 2), ("rep", "shard"))
-    reference = _MLP.make()
+    reference = make()
     model = simple_fsdp(_clone(reference), mesh)
     placements = {k: str(p.placements) for k, p in model.named_parameters()}
     rank = dist.get_rank()
-    run = model if compile_backend is None else torch.compile(model, backend=compile_backend)
+    run = (
+        model
+        if compile_backend is None
+        else torch.compile(model, backend=compile_backend, fullgraph=True)
+    )
+    if before_training is not None:
+        before_training(run)
     errors = _train(
         reference,
         model,
@@ -448,28 +457,18 @@ def test_compiled_fsdp_x_tp_buckets_fsdp_and_fuses_tp_then_aot_eager_matches() -
 def test_compiled_hsdp_buckets_reduce_scatters_and_replicate_all_reduces() -> None:
     import torch
     import torch.distributed as dist
-    from dt_core.testing import cpu_mesh
     from dt_core.testing.compiled import compile_caches
-    from dt_fsdp_passes import simple_fsdp
     from dt_fsdp_passes.config import settings as fsdp_settings
 
-    _setup()
     torch._dynamo.reset()
-    mesh = cpu_mesh((2, 2), ("rep", "shard"))
-    reference = _sp_mlp()
-    model = simple_fsdp(_clone(reference), mesh)
-    run = torch.compile(model, fullgraph=True)
-    rank = dist.get_rank()
+    counts: list[dict[str, int]] = []
     with compile_caches(False), fsdp_settings.scoped(mode="size"):  # one bucket, as above
-        # Inductor compiles once: the counted program is the one trained below (the
-        # batch's shape is the training shards', so nothing recompiles).
-        forward, backward = _compiled_counts(run, torch.randn(2, 8))[:2]
-        loss_err, param_err = _train(
-            reference,
-            model,
-            lambda m, b: ((run(b[0].chunk(4)[rank]) - b[1].chunk(4)[rank]) ** 2).mean(),
-            (8, 8),
+        # Inductor compiles once: the counted program is the one trained (the counted
+        # batch has the training shards' shape, so nothing recompiles).
+        (loss_err, param_err), _ = _hsdp(
+            "inductor", _sp_mlp, lambda run: counts.extend(_compiled_counts(run, torch.randn(2, 8)))
         )
+    forward, backward = counts[:2]
     assert forward["all_gather_into_tensor"] == 1, forward
     # Gradients: one reduce-scatter over "shard", then one all-reduce over "rep" at shard
     # size (FSDP2's order), instead of four of each.

@@ -17,6 +17,7 @@ from dt_cp import settings
 
 mesh = init_device_mesh("cpu", (dist.get_world_size(),))
 B, H, S, D = 2, 2, 16, 8  # S: this rank's rows
+backend = os.environ["DT_TEST_BACKEND"]  # for the compiled cases
 
 
 def poison():
@@ -44,7 +45,6 @@ for compiled in (False, True):
             def attend(q, k, v):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-            backend = os.environ["DT_TEST_BACKEND"]
             fn = torch.compile(attend, backend=backend, fullgraph=True) if compiled else attend
             with settings(algorithm=algorithm):
                 poison()

@@ -15,11 +15,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from dt_fsdp_passes import simple_fsdp
 
 mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+backend = os.environ["DT_TEST_BACKEND"]  # for the compiled steps
 for compiled in (False, True):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
     simple_fsdp(model, mesh)
-    backend = os.environ["DT_TEST_BACKEND"]
     run = torch.compile(model, backend=backend, fullgraph=True) if compiled else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(2):
