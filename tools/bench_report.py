@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,12 +56,15 @@ def machine_info() -> list[str]:
     ]
 
 
-def run_package(bench: Path, quick: bool, timeout: int) -> dict[str, Any]:
-    """One package's benchmark in a fresh interpreter; failures become a report row."""
+def run_package(
+    bench: Path, quick: bool, timeout: int, python: str = sys.executable
+) -> dict[str, Any]:
+    """One package's benchmark in a fresh interpreter (this one's torch unless `python` is
+    another environment's); failures become a report row."""
     package = bench.parent.parent.name
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, str(bench), "--json", str(out)] + (["--quick"] if quick else [])
+        cmd = [python, str(bench), "--json", str(out)] + (["--quick"] if quick else [])
         start = time.perf_counter()
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -152,8 +156,9 @@ def _change(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str:
     return _num(b / a)
 
 
-def render(runs: list[dict[str, Any]], out: Path) -> str:
-    """BENCHMARKS.md from one run per torch release, side by side (oldest torch first)."""
+def render(runs: list[dict[str, Any]], out: Path, comparison: dict[str, Any] | None = None) -> str:
+    """BENCHMARKS.md from one run per torch release, side by side (oldest torch first),
+    then the interleaved comparison of the torches when one was run."""
     lines = [
         "# Benchmarks",
         "",
@@ -190,6 +195,8 @@ def render(runs: list[dict[str, Any]], out: Path) -> str:
         cells.append(str(first.get("notes", "")))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if comparison:
+        lines += render_comparison(comparison)
     for run in runs:
         for result in run["results"]:
             for i, series in enumerate(result.get("series", [])):
@@ -198,6 +205,44 @@ def render(runs: list[dict[str, Any]], out: Path) -> str:
                 plot(series, out.parent / PLOTS / name)
                 lines += [f"### {title}", "", f"![{title}]({PLOTS / name})", ""]
     return "\n".join(lines) + "\n"
+
+
+def _spread(values: list[float]) -> str:
+    return f"{_num(statistics.median(values))} ({_num(min(values))}-{_num(max(values))})"
+
+
+def render_comparison(compare: dict[str, Any]) -> list[str]:
+    """The interleaved torch comparison (tools/bench_compare.py) as a section."""
+    older, newer = compare["torches"][0], compare["torches"][-1]
+    lines = [
+        f"## Torch {newer} against {older}, interleaved rounds",
+        "",
+        "Written by `hatch run bench-compare:run` (tools/bench_compare.py): rounds that each "
+        "run both torches one after the other, the order flipped every round. Values are "
+        "medians over the rounds (lowest-highest); the last two columns compare the torches "
+        "within each round. A row is higher or lower on the newer torch only if it was so in "
+        "every round. Runs:",
+        "",
+    ]
+    for run in compare["runs"]:
+        low, mid, high = run["load_average"]
+        lines.append(
+            f"- {', '.join(run['packages'])}: {run['date']}, {run['rounds']} rounds, "
+            f"{run['mode']}, load average {low:.2f}-{high:.2f} (median {mid:.2f})"
+        )
+    lines += [
+        "",
+        f"| package | benchmark | {older} | {newer} | {newer} / {older} per round | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in compare["runs"]:
+        for row in run["rows"]:
+            unit = f" {row['unit']}" if row["unit"] else ""
+            cells = [row["package"], row["benchmark"]]
+            cells += [_spread(row["values"][t]) + unit for t in (older, newer)]
+            cells += [_spread(row["ratios"]) if row["ratios"] else "", row["verdict"]]
+            lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def load_runs(folder: Path) -> list[dict[str, Any]]:
@@ -259,7 +304,9 @@ def main() -> int:
                     *(f"  {line}" for line in earlier),
                 ]
         path.write_text(json.dumps(run, indent=1))
-    out.write_text(render(load_runs(saved), out))
+    compare = saved / "compare.json"
+    comparison = json.loads(compare.read_text()) if compare.exists() else None
+    out.write_text(render(load_runs(saved), out, comparison))
     print(f"wrote {out}")
     return 0 if all("error" not in r for r in results) else 1
 

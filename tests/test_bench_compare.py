@@ -1,0 +1,102 @@
+"""tools/bench_compare.py: rounds are compared within themselves, verdicts need every round,
+a partial rerun keeps the other packages' rows, and the report shows them.
+
+The inputs are hand-made results in the shape `benchmarks/run.py --json` writes; the
+expected ratios are worked out by hand from them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+OLD, NEW = "2.13.0+cpu", "2.14.1+cu130"
+
+
+@pytest.fixture
+def tools(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
+    monkeypatch.syspath_prepend(str(TOOLS))
+    for name in ("bench_compare", "bench_report"):
+        sys.modules.pop(name, None)
+    import bench_compare
+    import bench_report
+
+    return bench_compare, bench_report
+
+
+def _result(package: str, **values: Any) -> dict[str, Any]:
+    rows = [
+        {"name": name, "metric": "time", "unit": "s", "value": value}
+        for name, value in values.items()
+    ]
+    return {"package": package, "rows": rows}
+
+
+def test_verdict_needs_every_round(tools: tuple[ModuleType, ModuleType]) -> None:
+    compare, _ = tools
+    assert compare.verdict([1.1, 1.02, 1.3]) == "**higher in every round**"
+    assert compare.verdict([0.9, 0.99]) == "lower in every round"
+    assert compare.verdict([1.2, 0.95, 1.1]) == "within noise (mixed rounds)"
+    assert compare.verdict([1.0, 1.0]) == "same"
+    assert compare.verdict([1.5]) == "one round: not enough to say"
+
+
+def test_summarize_pairs_each_round_with_itself(tools: tuple[ModuleType, ModuleType]) -> None:
+    compare, _ = tools
+    rounds = [
+        {OLD: [_result("dt-conv", step=2.0)], NEW: [_result("dt-conv", step=3.0)]},
+        {OLD: [_result("dt-conv", step=4.0)], NEW: [_result("dt-conv", step=2.0)]},
+    ]
+    rounds[0][OLD][0]["rows"].append({"name": "shape", "metric": "m", "value": "n/a"})
+    (row,) = compare.summarize(rounds, [OLD, NEW])
+    assert row["benchmark"] == "step (time)"
+    assert row["values"] == {OLD: [2.0, 4.0], NEW: [3.0, 2.0]}
+    # 3/2 in round 1 and 2/4 in round 2, not the medians' 2.5/3
+    assert row["ratios"] == [1.5, 0.5]
+    assert row["verdict"] == "within noise (mixed rounds)"
+
+
+def test_partial_rerun_keeps_the_other_packages(
+    tools: tuple[ModuleType, ModuleType], tmp_path: Path
+) -> None:
+    compare, _ = tools
+    row = {"values": {}, "ratios": [], "verdict": "", "unit": "", "benchmark": "b"}
+    first = {
+        "packages": ["dt-conv", "dt-symm-mem"],
+        "rows": [{**row, "package": "dt-conv"}, {**row, "package": "dt-symm-mem"}],
+    }
+    saved = tmp_path / "compare.json"
+    saved.write_text(json.dumps({"torches": [OLD, NEW], "runs": [first]}))
+    rerun = {"packages": ["dt-conv"], "rows": [{**row, "package": "dt-conv", "verdict": "new"}]}
+    runs = compare.merged(saved, [OLD, NEW], rerun)["runs"]
+    assert [r["packages"] for r in runs] == [["dt-symm-mem"], ["dt-conv"]]
+    assert [r["package"] for r in runs[0]["rows"]] == ["dt-symm-mem"]
+    assert runs[1]["rows"][0]["verdict"] == "new"
+    # another pair of torches: the earlier comparison does not apply
+    assert compare.merged(saved, [OLD, "2.15.0"], rerun)["runs"] == [rerun]
+
+
+def test_report_section_lists_runs_and_rows(tools: tuple[ModuleType, ModuleType]) -> None:
+    compare, report = tools
+    rounds = [
+        {OLD: [_result("dt-cp", ring=2.0)], NEW: [_result("dt-cp", ring=2.2)]},
+        {NEW: [_result("dt-cp", ring=2.4)], OLD: [_result("dt-cp", ring=2.0)]},
+    ]
+    run = {
+        "date": "2026-11-26",
+        "rounds": 2,
+        "mode": "full",
+        "packages": ["dt-cp"],
+        "load_average": [0.5, 1.0, 1.5],
+        "rows": compare.summarize(rounds, [OLD, NEW]),
+    }
+    text = "\n".join(report.render_comparison({"torches": [OLD, NEW], "runs": [run]}))
+    assert f"## Torch {NEW} against {OLD}" in text
+    assert "- dt-cp: 2026-11-26, 2 rounds, full, load average 0.50-1.50" in text
+    assert "| dt-cp | ring (time) | 2 (2-2) s | 2.3 (2.2-2.4) s | 1.15 (1.1-1.2) |" in text
+    assert "**higher in every round**" in text

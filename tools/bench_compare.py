@@ -1,0 +1,163 @@
+"""Is a plugin slower on the newer torch? Its benchmarks, run in rounds that alternate torches.
+
+Why: `hatch run bench:report` runs each torch once, one after the other. On a small shared
+machine one run moves by 10% or more with the machine's load, so a single pair of runs
+cannot tell a 7% slowdown from a busier quarter of an hour. This tool runs the chosen
+packages' `benchmarks/run.py` in rounds, every torch of the matrix once per round, the
+order flipped each round (A B, B A, ...) so that drift hits both, and keeps every value.
+A row is called slower (or faster) on the newer torch only when it was so in every round;
+otherwise the difference is within what the machine does between runs. The summary goes
+to build/bench/compare.json, and `bench_report.py` renders it under BENCHMARKS.md's table.
+
+    hatch run bench-compare:run -- --only dt-conv dt-symm-mem [--rounds 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench_report import ROOT, run_package
+
+TORCHES = ("2.13", "2.14")  # the test matrix's torch axis, oldest first (hatch.toml)
+
+
+def interpreter(axis: str) -> str:
+    """The Python of `bench.<axis>`, created and given the packages through hatch."""
+    subprocess.run(["hatch", "run", f"bench.{axis}:install"], check=True)
+    found = subprocess.run(
+        ["hatch", "env", "find", f"bench.{axis}"], capture_output=True, text=True, check=True
+    )
+    return str(Path(found.stdout.strip()) / "bin" / "python")
+
+
+def torch_version(python: str) -> str:
+    done = subprocess.run(
+        [python, "-c", "import torch; print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+def verdict(ratios: list[float]) -> str:
+    """newer/older per round -> what can be said of the newer torch."""
+    if all(abs(r - 1.0) < 1e-9 for r in ratios):
+        return "same"
+    if len(ratios) < 2:
+        return "one round: not enough to say"
+    if all(r > 1.0 for r in ratios):
+        return "**higher in every round**"
+    if all(r < 1.0 for r in ratios):
+        return "lower in every round"
+    return "within noise (mixed rounds)"
+
+
+def summarize(
+    rounds: list[dict[str, list[dict[str, Any]]]], torches: list[str]
+) -> list[dict[str, Any]]:
+    """Per benchmark row: each torch's values over the rounds and newer/older per round.
+
+    `rounds[i][torch]` is that round's results (one per package, as run.py writes them)."""
+    values: dict[tuple[str, str], dict[str, list[float]]] = {}
+    units: dict[tuple[str, str], str] = {}
+    for one_round in rounds:
+        for torch in torches:
+            for result in one_round[torch]:
+                for row in result.get("rows", []):
+                    if not isinstance(row.get("value"), (int, float)):
+                        continue
+                    key = (result["package"], f"{row['name']} ({row['metric']})")
+                    units[key] = row.get("unit", "")
+                    values.setdefault(key, {t: [] for t in torches})[torch].append(row["value"])
+    summary = []
+    older, newer = torches[0], torches[-1]
+    for key, per_torch in values.items():
+        pairs = [b / a for a, b in zip(per_torch[older], per_torch[newer], strict=False) if a != 0]
+        summary.append(
+            {
+                "package": key[0],
+                "benchmark": key[1],
+                "unit": units[key],
+                "values": per_torch,
+                "ratios": pairs,
+                "verdict": verdict(pairs),
+            }
+        )
+    return summary
+
+
+def merged(saved: Path, torches: list[str], run: dict[str, Any]) -> dict[str, Any]:
+    """The saved comparison with `run` in it: earlier runs of the same torches keep the
+    packages this run did not compare (a rerun of some packages replaces only theirs)."""
+    kept: list[dict[str, Any]] = []
+    if saved.exists():
+        old = json.loads(saved.read_text())
+        if old.get("torches") == torches:
+            for earlier in old["runs"]:
+                rest = [p for p in earlier["packages"] if p not in run["packages"]]
+                if rest:
+                    rows = [r for r in earlier["rows"] if r["package"] in rest]
+                    kept.append({**earlier, "packages": rest, "rows": rows})
+    return {"torches": torches, "runs": [*kept, run]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", required=True, help="packages to compare")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="the benchmarks' small sizes")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per package run")
+    parser.add_argument("--runs", default=str(ROOT / "build" / "bench"), help="saved runs")
+    args = parser.parse_args()
+    benches = {p.parent.parent.name: p for p in ROOT.glob("packages/*/benchmarks/run.py")}
+    unknown = [p for p in args.only if p not in benches]
+    if unknown:
+        parser.error(f"no benchmarks/run.py in: {', '.join(unknown)}")
+    pythons = {axis: interpreter(axis) for axis in TORCHES}
+    versions = {axis: torch_version(python) for axis, python in pythons.items()}
+    torches = [versions[axis] for axis in TORCHES]
+    loads: list[float] = []
+    rounds: list[dict[str, list[dict[str, Any]]]] = []
+    for i in range(args.rounds):
+        order = TORCHES if i % 2 == 0 else TORCHES[::-1]
+        results: dict[str, list[dict[str, Any]]] = {}
+        for axis in order:
+            loads.append(os.getloadavg()[0])
+            results[versions[axis]] = []
+            for package in args.only:
+                print(
+                    f"round {i + 1}/{args.rounds}, torch {versions[axis]}: {package} ...",
+                    flush=True,
+                )
+                result = run_package(benches[package], args.quick, args.timeout, pythons[axis])
+                if "error" in result:
+                    print(f"{package} failed on torch {versions[axis]}: {result['error']}")
+                    return 1
+                results[versions[axis]].append(result)
+        rounds.append(results)
+    out = Path(args.runs) / "compare.json"
+    run = {
+        "date": datetime.date.today().isoformat(),
+        "rounds": args.rounds,
+        "mode": "quick (small sizes)" if args.quick else "full",
+        "packages": args.only,
+        "load_average": [min(loads), statistics.median(loads), max(loads)],
+        "rows": summarize(rounds, torches),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(merged(out, torches, run), indent=1))
+    print(f"wrote {out}; `hatch run bench.2.13:report -- --render-only` puts it in BENCHMARKS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
