@@ -100,3 +100,13 @@ def test_report_section_lists_runs_and_rows(tools: tuple[ModuleType, ModuleType]
     assert "- dt-cp: 2026-11-26, 2 rounds, full, load average 0.50-1.50" in text
     assert "| dt-cp | ring (time) | 2 (2-2) s | 2.3 (2.2-2.4) s | 1.15 (1.1-1.2) |" in text
     assert "**higher in every round**" in text
+
+
+def test_two_rows_of_one_name_are_an_error(tools: tuple[ModuleType, ModuleType]) -> None:
+    compare, report = tools
+    twice = _result("dt-cp", work=1.0)
+    twice["rows"].append({**twice["rows"][0], "baseline": "another"})
+    with pytest.raises(ValueError, match="two benchmark rows named 'work \\(time\\)'"):
+        compare.summarize([{OLD: [twice], NEW: [twice]}], [OLD, NEW])
+    with pytest.raises(ValueError, match="dt-cp: two benchmark rows"):
+        report.render([{"torch": OLD, "machine": [], "mode": "full", "results": [twice]}], Path())

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench_report import ROOT, run_package
+from bench_report import ROOT, package_rows, run_package
 
 TORCHES = ("2.13", "2.14")  # the test matrix's torch axis, oldest first (hatch.toml)
 
@@ -72,10 +72,10 @@ def summarize(
     for one_round in rounds:
         for torch in torches:
             for result in one_round[torch]:
-                for row in result.get("rows", []):
+                for name, row in package_rows(result).items():
                     if not isinstance(row.get("value"), (int, float)):
                         continue
-                    key = (result["package"], f"{row['name']} ({row['metric']})")
+                    key = (result["package"], name)
                     units[key] = row.get("unit", "")
                     values.setdefault(key, {t: [] for t in torches})[torch].append(row["value"])
     summary = []

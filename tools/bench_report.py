@@ -124,6 +124,18 @@ def _version_key(run: dict[str, Any]) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else 0 for p in _release(run).split("."))
 
 
+def package_rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One package's rows by benchmark name; two rows of one name would hide one of them
+    in every table keyed by it, so that is an error naming the row."""
+    rows: dict[str, dict[str, Any]] = {}
+    for row in result.get("rows", []):
+        key = f"{row['name']} ({row['metric']})"
+        if key in rows:
+            raise ValueError(f"{result['package']}: two benchmark rows named {key!r}")
+        rows[key] = row
+    return rows
+
+
 def _rows(run: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     """One run's rows keyed by (package, benchmark); a failed package is one row."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -131,8 +143,8 @@ def _rows(run: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
         if "error" in result:
             rows[(result["package"], "FAILED")] = {"error": result["error"]}
             continue
-        for row in result["rows"]:
-            rows[(result["package"], f"{row['name']} ({row['metric']})")] = row
+        for key, row in package_rows(result).items():
+            rows[(result["package"], key)] = row
     return rows
 
 

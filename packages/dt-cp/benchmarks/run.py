@@ -290,7 +290,8 @@ def main() -> None:
     for baseline in ("head_tail", "none"):
         rows.append(
             {
-                "name": f"document+causal per-rank work max/min, S={doc_seq}, P=2",
+                "name": f"document+causal per-rank work max/min vs balancer={baseline}, "
+                f"S={doc_seq}, P=2",
                 "metric": "work_ratio",
                 "value": ratios["document"],
                 "baseline": f"balancer={baseline}",
