@@ -168,6 +168,21 @@ def _change(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str:
     return _num(b / a)
 
 
+def _machine_lines(run: dict[str, Any]) -> list[str]:
+    """Where and when each package's rows were measured: partial reruns leave a run's
+    packages measured at different times, each result keeping its own machine lines."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for result in run["results"]:
+        machine = tuple(result.get("machine") or run["machine"])
+        groups.setdefault(machine, []).append(result["package"])
+    if len(groups) == 1:
+        return list(next(iter(groups)))
+    lines = []
+    for machine, packages in groups.items():
+        lines += [f"- {', '.join(packages)}:", *(f"  {line}" for line in machine)]
+    return lines
+
+
 def render(runs: list[dict[str, Any]], out: Path, comparison: dict[str, Any] | None = None) -> str:
     """BENCHMARKS.md from one run per torch release, side by side (oldest torch first),
     then the interleaved comparison of the torches when one was run."""
@@ -183,7 +198,7 @@ def render(runs: list[dict[str, Any]], out: Path, comparison: dict[str, Any] | N
         "",
     ]
     for run in runs:
-        lines += [f"torch {run['torch']}:", "", *run["machine"], f"- mode: {run['mode']}", ""]
+        lines += [f"torch {run['torch']}:", "", *_machine_lines(run), f"- mode: {run['mode']}", ""]
     header = ["package", "benchmark", "target"]
     for run in runs:
         r = _release(run)
@@ -300,21 +315,16 @@ def main() -> int:
         }
         saved.mkdir(parents=True, exist_ok=True)
         path = saved / f"torch-{_release(run)}.json"
+        for result in results:
+            result["machine"] = machine
         if args.only and path.exists():  # a partial rerun replaces only its packages
             old = json.loads(path.read_text())
             if old.get("mode") == run["mode"]:
                 fresh = {r["package"]: r for r in results}
                 kept = [fresh.pop(r["package"], r) for r in old["results"]]
+                for result in kept:  # results saved before they carried their own lines
+                    result.setdefault("machine", old.get("earlier_machine", old["machine"]))
                 run["results"] = kept + list(fresh.values())
-                # the machine lines describe this rerun; the other rows keep their run's
-                earlier = old.get("earlier_machine", old["machine"])
-                run["earlier_machine"] = earlier
-                run["machine"] = [
-                    *machine,
-                    f"- rerun for {', '.join(args.only)}; the other rows are from the run "
-                    "before, on:",
-                    *(f"  {line}" for line in earlier),
-                ]
         path.write_text(json.dumps(run, indent=1))
     compare = saved / "compare.json"
     comparison = json.loads(compare.read_text()) if compare.exists() else None

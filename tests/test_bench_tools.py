@@ -1,5 +1,6 @@
-"""tools/bench_compare.py: rounds are compared within themselves, verdicts need every round,
-a partial rerun keeps the other packages' rows, and the report shows them.
+"""tools/bench_compare.py and bench_report.py: rounds are compared within themselves,
+verdicts need every round, a partial rerun keeps the other packages' rows, repeated row
+names are refused, and the report says when each package's rows were measured.
 
 The inputs are hand-made results in the shape `benchmarks/run.py --json` writes; the
 expected ratios are worked out by hand from them."""
@@ -31,7 +32,8 @@ def tools(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
 
 def _result(package: str, **values: Any) -> dict[str, Any]:
     rows = [
-        {"name": name, "metric": "time", "unit": "s", "value": value}
+        {"name": name, "metric": "time", "unit": "s", "value": value, "baseline": "b"}
+        | {"baseline_value": 1.0, "ratio": value}
         for name, value in values.items()
     ]
     return {"package": package, "rows": rows}
@@ -110,3 +112,24 @@ def test_two_rows_of_one_name_are_an_error(tools: tuple[ModuleType, ModuleType])
         compare.summarize([{OLD: [twice], NEW: [twice]}], [OLD, NEW])
     with pytest.raises(ValueError, match="dt-cp: two benchmark rows"):
         report.render([{"torch": OLD, "machine": [], "mode": "full", "results": [twice]}], Path())
+
+
+def test_header_says_when_each_package_was_measured(tools: tuple[ModuleType, ModuleType]) -> None:
+    _, report = tools
+    first, rerun = ["- date: 2026-11-25", "- load 3.9"], ["- date: 2026-11-26", "- load 0.2"]
+    results = [
+        {**_result("dt-core", imp=1.0), "machine": first},
+        {**_result("dt-cp", ring=2.0), "machine": rerun},
+        _result("dt-conv", step=3.0),  # saved before results carried their machine lines
+    ]
+    run = {"torch": OLD, "machine": first, "mode": "full", "results": results}
+    text = report.render([run], Path())
+    expected = (
+        "- dt-core, dt-conv:\n  - date: 2026-11-25\n  - load 3.9\n- dt-cp:\n  - date: 2026-11-26"
+    )
+    assert expected in text
+    # one time for all of them: the plain lines
+    run["results"] = results[:1]
+    assert "torch 2.13.0+cpu:\n\n- date: 2026-11-25\n- load 3.9\n- mode: full" in report.render(
+        [run], Path()
+    )
