@@ -46,6 +46,7 @@ def test_verdict_needs_every_round(tools: tuple[ModuleType, ModuleType]) -> None
     assert compare.verdict([1.2, 0.95, 1.1]) == "within noise (mixed rounds)"
     assert compare.verdict([1.0, 1.0]) == "same"
     assert compare.verdict([1.5]) == "one round: not enough to say"
+    assert compare.verdict([]) == "no ratio: the older torch's value is 0"
 
 
 def test_summarize_pairs_each_round_with_itself(tools: tuple[ModuleType, ModuleType]) -> None:
@@ -61,6 +62,20 @@ def test_summarize_pairs_each_round_with_itself(tools: tuple[ModuleType, ModuleT
     # 3/2 in round 1 and 2/4 in round 2, not the medians' 2.5/3
     assert row["ratios"] == [1.5, 0.5]
     assert row["verdict"] == "within noise (mixed rounds)"
+
+
+def test_a_round_missing_a_row_is_not_paired_with_another_round(
+    tools: tuple[ModuleType, ModuleType],
+) -> None:
+    compare, _ = tools
+    rounds = [
+        {OLD: [_result("dt-cp", ring=2.0)], NEW: [_result("dt-cp")]},  # not measured on NEW
+        {OLD: [_result("dt-cp", ring=4.0)], NEW: [_result("dt-cp", ring=5.0)]},
+    ]
+    (row,) = compare.summarize(rounds, [OLD, NEW])
+    assert row["values"] == {OLD: [2.0, 4.0], NEW: [5.0]}
+    assert row["ratios"] == [1.25]  # round 2 only; not 5/2 across rounds
+    assert row["verdict"] == "one round: not enough to say"
 
 
 def test_partial_rerun_keeps_the_other_packages(

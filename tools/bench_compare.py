@@ -24,9 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from bench_report import ROOT, package_rows, run_package
 
-TORCHES = ("2.13", "2.14")  # the test matrix's torch axis, oldest first (hatch.toml)
+
+def torch_axis() -> list[str]:
+    """The bench environments' torch axis as hatch.toml declares it (oldest first)."""
+    config = tomllib.loads((ROOT / "hatch.toml").read_text())
+    (matrix,) = config["envs"]["bench"]["matrix"]
+    return list(matrix["torch"])
 
 
 def interpreter(axis: str) -> str:
@@ -50,6 +56,8 @@ def torch_version(python: str) -> str:
 
 def verdict(ratios: list[float]) -> str:
     """newer/older per round -> what can be said of the newer torch."""
+    if not ratios:
+        return "no ratio: the older torch's value is 0"
     if all(abs(r - 1.0) < 1e-9 for r in ratios):
         return "same"
     if len(ratios) < 2:
@@ -61,35 +69,42 @@ def verdict(ratios: list[float]) -> str:
     return "within noise (mixed rounds)"
 
 
+def _numbers(results: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[float, str]]:
+    """One torch's numeric rows in one round: (package, benchmark) -> (value, unit)."""
+    return {
+        (result["package"], name): (row["value"], row.get("unit", ""))
+        for result in results
+        for name, row in package_rows(result).items()
+        if isinstance(row.get("value"), (int, float))
+    }
+
+
 def summarize(
     rounds: list[dict[str, list[dict[str, Any]]]], torches: list[str]
 ) -> list[dict[str, Any]]:
-    """Per benchmark row: each torch's values over the rounds and newer/older per round.
+    """Per benchmark row: each torch's values over the rounds and newer/older per round
+    (a round counts for a row only if both torches measured it in that round).
 
     `rounds[i][torch]` is that round's results (one per package, as run.py writes them)."""
-    values: dict[tuple[str, str], dict[str, list[float]]] = {}
-    units: dict[tuple[str, str], str] = {}
-    for one_round in rounds:
-        for torch in torches:
-            for result in one_round[torch]:
-                for name, row in package_rows(result).items():
-                    if not isinstance(row.get("value"), (int, float)):
-                        continue
-                    key = (result["package"], name)
-                    units[key] = row.get("unit", "")
-                    values.setdefault(key, {t: [] for t in torches})[torch].append(row["value"])
-    summary = []
     older, newer = torches[0], torches[-1]
-    for key, per_torch in values.items():
-        pairs = [b / a for a, b in zip(per_torch[older], per_torch[newer], strict=False) if a != 0]
+    measured = [{torch: _numbers(one_round[torch]) for torch in torches} for one_round in rounds]
+    keys = dict.fromkeys(key for m in measured for torch in torches for key in m[torch])
+    summary = []
+    for key in keys:
+        ratios = [
+            m[newer][key][0] / m[older][key][0]
+            for m in measured
+            if key in m[older] and key in m[newer] and m[older][key][0] != 0
+        ]
+        unit = next(m[torch][key][1] for m in measured for torch in torches if key in m[torch])
         summary.append(
             {
                 "package": key[0],
                 "benchmark": key[1],
-                "unit": units[key],
-                "values": per_torch,
-                "ratios": pairs,
-                "verdict": verdict(pairs),
+                "unit": unit,
+                "values": {t: [m[t][key][0] for m in measured if key in m[t]] for t in torches},
+                "ratios": ratios,
+                "verdict": verdict(ratios),
             }
         )
     return summary
@@ -122,13 +137,14 @@ def main() -> int:
     unknown = [p for p in args.only if p not in benches]
     if unknown:
         parser.error(f"no benchmarks/run.py in: {', '.join(unknown)}")
-    pythons = {axis: interpreter(axis) for axis in TORCHES}
+    axis_order = torch_axis()
+    pythons = {axis: interpreter(axis) for axis in axis_order}
     versions = {axis: torch_version(python) for axis, python in pythons.items()}
-    torches = [versions[axis] for axis in TORCHES]
+    torches = [versions[axis] for axis in axis_order]
     loads: list[float] = []
     rounds: list[dict[str, list[dict[str, Any]]]] = []
     for i in range(args.rounds):
-        order = TORCHES if i % 2 == 0 else TORCHES[::-1]
+        order = axis_order if i % 2 == 0 else axis_order[::-1]
         results: dict[str, list[dict[str, Any]]] = {}
         for axis in order:
             loads.append(os.getloadavg()[0])
