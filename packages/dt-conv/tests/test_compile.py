@@ -151,6 +151,7 @@ def test_every_op_kind_compiles_fullgraph_on_2_ranks() -> None:
     )
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(2, timeout=900)
 def test_inductor_compiles_the_sharded_ops() -> None:
     """Every 2-D op kind through Inductor on uneven shards (9 columns on 2 ranks): values
@@ -175,6 +176,7 @@ def test_inductor_compiles_the_sharded_ops() -> None:
         assert [ln for ln in forward if f"transposed={transposed}" in ln], "\n".join(lines)
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(4, timeout=900)
 def test_2x2_mesh_compiles_fullgraph() -> None:
     """The issue's case: H over mesh dim 0, W over mesh dim 1, and each alone; uneven

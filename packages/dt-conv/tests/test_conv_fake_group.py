@@ -66,7 +66,10 @@ def shapes(world: int) -> dict[str, str]:
 # Inductor once (world 2, the "same" net); world 8 through aot_eager, which traces the same
 # handlers and collectives: a cold Inductor compile of the three nets cost CI over a
 # minute per world.
-@pytest.mark.parametrize(("world_size", "backend"), [(2, "inductor"), (8, "aot_eager")])
+@pytest.mark.parametrize(
+    ("world_size", "backend"),
+    [pytest.param(2, "inductor", marks=pytest.mark.compile_heavy), (8, "aot_eager")],
+)
 def test_sharded_conv_forward_and_backward_run_through(world_size: int, backend: str) -> None:
     found = run_in_fake_world(CONVS, world_size, timeout=600, DT_TEST_BACKEND=backend)
     cases = [

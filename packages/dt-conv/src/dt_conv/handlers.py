@@ -36,6 +36,7 @@ from .ops.pooling import (
     max_pool_with_indices_backward,
 )
 from .ownership import torch_owns
+from .static_sizes import with_static_sizes
 from .validate import raise_like_torch, simulated_ranks
 
 Handler = Callable[[torch._ops.OpOverload, tuple, dict], object]
@@ -61,7 +62,9 @@ def handle(name: str, op_call: torch._ops.OpOverload, args: tuple, kwargs: dict)
     right go to torch (`ownership`). Under an enabled LocalTensorMode the handlers run
     sharded (`dt_conv.ranks`); LocalTensors outside an enabled mode have no mesh
     coordinate to read and take the replicated path. Traced, the exchanges stay where
-    every rank puts them (`engine.halo.exchange.traced_exchanges`)."""
+    every rank puts them (`engine.halo.exchange.traced_exchanges`). Traced with dynamic
+    shapes, every size but the batch is a number from here on (`static_sizes`)."""
+    args = with_static_sizes(name, args)
     if not name.endswith("_backward"):
         raise_like_torch(op_call, args, kwargs)
     if torch_owns(name, args, kwargs):

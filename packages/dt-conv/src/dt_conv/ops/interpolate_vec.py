@@ -65,8 +65,10 @@ def upsample_vec(name: str, x: torch.Tensor, *args: object) -> torch.Tensor:
     else:
         output_size, scale_factors = args
         flags = []
+    from ..static_sizes import static_sizes
     from ..validate import raise_like_torch
 
+    x = static_sizes(x, keep_batch=True)  # interpolate takes batched input only
     raise_like_torch(op, (x, *args), {})
     # types as the `.vec` schemas declare them
     size, scales = _sizes(

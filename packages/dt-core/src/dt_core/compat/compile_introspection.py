@@ -14,7 +14,7 @@ from typing import Any
 
 from . import ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 
 # The counter groups that say whether a compile was served from a cache.
 _COUNTER_GROUPS = ("inductor", "aot_autograd")
@@ -27,6 +27,15 @@ def inductor_code(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[An
     from torch._inductor.utils import run_and_get_code
 
     return run_and_get_code(fn, *args, **kwargs)
+
+
+def lookup_backend(name: str) -> Callable[..., Any]:
+    """The compile backend torch.compile knows by `name` ("aot_eager", "inductor"), as a
+    callable another backend can hand a graph to."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    from torch._dynamo import lookup_backend as lookup
+
+    return lookup(name)
 
 
 def compile_event_counters() -> dict[str, int]:

@@ -39,6 +39,11 @@ def collective_counts(code: str, names: tuple[str, ...] = COLLECTIVES) -> dict[s
     return {n: sum(bool(re.match(pattern.format(n), line)) for line in lines) for n in names}
 
 
+def lookup_backend(name: str) -> Callable[..., Any]:
+    """torch.compile's backend `name` as a callable, for a backend that wraps it."""
+    return compile_introspection.lookup_backend(name)
+
+
 @contextmanager
 def compile_caches(enabled: bool) -> Iterator[None]:
     """Inductor's FX graph cache and AOTAutograd's cache on or off inside the block; off,

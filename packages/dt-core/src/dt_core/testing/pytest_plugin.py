@@ -24,11 +24,17 @@ _MARKER_HELP = (
     "and picklable fixture values are passed along; timeout in seconds defaults to "
     "$DT_TEST_RANK_TIMEOUT or 120."
 )
+_HEAVY_HELP = (
+    "compile_heavy: the test's cost is Inductor compiling what another test checks exactly; "
+    "a CI running several torch releases may run it on the oldest and newest only "
+    "(-m 'not compile_heavy' on the others)"
+)
 WORLD_SIZE_FIXTURE = "world_size"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
+    config.addinivalue_line("markers", _HEAVY_HELP)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
