@@ -88,8 +88,20 @@ def test_two_plugins_patching_the_same_attribute_conflict(core, target) -> None:
     assert target.check is _original and not dt_core.is_active()
 
 
-def test_patch_for_other_torch_versions_fails_only_its_plugin(core, target, recwarn) -> None:  # noqa: F811
+@pytest.mark.parametrize("override", ["0", "1"])
+def test_patch_for_other_torch_versions_fails_only_its_plugin(
+    core,  # noqa: F811
+    target,
+    recwarn,
+    monkeypatch,
+    override: str,
+) -> None:
+    """Outside its declared range a patch is never installed, also when the user sets
+    the override that lets the plugins try an untested torch."""
     import torch
+    from dt_core.compat import ALLOW_UNTESTED_ENV
+
+    monkeypatch.setenv(ALLOW_UNTESTED_ENV, override)
 
     dt_core.register_plugin(
         plugin(

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import contributions, import_hooks
 from .compat import MISSING, library
-from .compat.torch_version import torch_version, untested_torch_allowed
+from .compat.torch_version import torch_version
 from .errors import DtPluginError
 from .versions import in_range
 
@@ -126,11 +126,10 @@ def patch_target(patch: contributions.Patch) -> Any:
 
 
 def install_patch(owner: str, patch: contributions.Patch) -> Undo:
-    if (
-        patch.torch_versions
-        and not in_range(torch_version(), patch.torch_versions)
-        and not untested_torch_allowed()
-    ):
+    # A patch's range is its author's statement about torch's code: honoured even when
+    # the user lets the plugins try an untested torch (that override widens the run-time
+    # gate, never what a patch claims to fit).
+    if patch.torch_versions and not in_range(torch_version(), patch.torch_versions):
         raise DtPluginError(
             f"{patch.claim()} was checked with torch {patch.torch_versions}, "
             f"not {torch_version()}: upgrade the plugin"
