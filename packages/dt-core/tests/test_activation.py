@@ -128,6 +128,33 @@ def test_conflict_raises_and_leaves_everything_untouched(core) -> None:
     assert all(table[op] is before[op] for op in before) and table.keys() == before.keys()
 
 
+def _same_placements(*args, **kwargs):  # pragma: no cover - never propagated here
+    from torch.distributed.tensor import Replicate
+
+    return [([Replicate()], [Replicate()] + [None] * (len(args) - 1))]
+
+
+def test_a_handler_and_another_plugins_strategy_for_one_op_compose(core) -> None:
+    """A handler hands calls it does not own back to torch, where another plugin's
+    strategy for the op is what torch then uses: different kinds never conflict; two
+    strategies for one op still do."""
+    from dt_core.compat.sharding_rules import strategy_tables
+
+    strategy = dt_core.ShardingStrategy(CONV, _same_placements, kind="placements")
+    dt_core.register_plugin(plugin(dt_op_handlers=lambda: [dt_core.OpHandler(CONV, _handler)]), "h")
+    dt_core.register_plugin(plugin(dt_sharding_strategies=lambda: [strategy]), "s")
+    core.extend(["h", "s"])
+    infos = {p.name: p for p in dt_core.activate()}
+    assert infos["h"].state == infos["s"].state == "active"
+    assert dispatch.op_handler_table()[CONV] is _handler
+    assert CONV in strategy_tables("strategy")[0]
+    dt_core.deactivate()
+    dt_core.register_plugin(plugin(dt_sharding_strategies=lambda: [strategy]), "s2")
+    core.append("s2")
+    with pytest.raises(dt_core.PluginConflictError, match=str(CONV)):
+        dt_core.activate()
+
+
 def test_disabling_one_side_of_a_conflict_resolves_it(core, monkeypatch) -> None:
     for name in ("first", "second"):
         dt_core.register_plugin(

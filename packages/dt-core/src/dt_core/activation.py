@@ -75,15 +75,18 @@ class Activation:
     # --- conflicts --------------------------------------------------------------------------
 
     def _conflicts(self, part: Part) -> list[Conflict]:
-        """(claim, first plugin, second plugin) for every key two usable plugins share."""
-        owners: dict[str, str] = {}
+        """(claim, first plugin, second plugin) for every key two usable plugins share
+        within one kind. Kinds compose: an op handler that hands a call back to torch
+        meets another plugin's sharding strategy for that op there."""
         found = []
-        for record in self.registry.usable():
-            for claim in dict.fromkeys(record.claims(kinds_of(part))):
-                if claim in owners:
-                    found.append((claim, owners[claim], record.name))
-                else:
-                    owners[claim] = record.name
+        for kind in kinds_of(part):
+            owners: dict[str, str] = {}
+            for record in self.registry.usable():
+                for claim in dict.fromkeys(record.claims([kind])):
+                    if claim in owners:
+                        found.append((claim, owners[claim], record.name))
+                    else:
+                        owners[claim] = record.name
         return found
 
     def _check_conflicts(self, part: Part) -> None:

@@ -4,7 +4,8 @@ dt-core keeps its passes (sorted by a key the caller gives) apart from the user'
 guards the config so a later `config.post_grad_custom_post_pass = my_pass` keeps them;
 taking the last one out gives back the user's very object and the unguarded config.
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`). Before 2.13 Inductor
+calls each setting's value as one pass: dt-core then sets one chain of the passes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from ..contributions import PassStage
 from . import ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 
 STAGE_SETTINGS: dict[str, str] = {
     "post_grad_pre": "post_grad_custom_pre_pass",
@@ -66,12 +67,62 @@ def inductor_config() -> Any:
 
 
 def as_list(value: Any) -> list[Any]:
-    """A pass setting's value (None, one pass, or a list) as a list of passes."""
+    """A pass setting's value (None, one pass, a list, or dt-core's chain of passes) as a
+    list of passes."""
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
         return list(value)
+    if isinstance(value, _Chain):
+        return list(value.passes)
     return [value]
+
+
+def takes_pass_lists() -> bool:
+    """Whether Inductor runs a list of custom passes per setting (torch 2.13 on); older
+    releases call the setting's value as one pass."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    from . import torch_has
+
+    return torch_has("torch._inductor.custom_graph_pass", "get_custom_graph_passes")
+
+
+class _Chain:
+    """Several passes as the one callable an older Inductor takes, run in order. Not a
+    CustomGraphPass, so Inductor's FX graph cache is bypassed, as it is for any plain
+    callable pass (see `_chain`)."""
+
+    def __init__(self, passes: Sequence[Any]) -> None:
+        self.passes = tuple(passes)
+
+    def __call__(self, graph: Any) -> None:
+        for graph_pass in self.passes:
+            graph_pass(graph)
+
+    def __repr__(self) -> str:
+        return f"<dt pass chain {list(self.passes)}>"
+
+
+_keyed_chain_class: type | None = None
+
+
+def _chain(passes: Sequence[Any]) -> Any:
+    """One pass running `passes` in order; a CustomGraphPass keyed on their uuids when
+    every one of them is one (the FX graph cache then stays on, as with a list on newer
+    torch), else a plain callable."""
+    global _keyed_chain_class
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    if not all(isinstance(p, CustomGraphPass) for p in passes):
+        return _Chain(passes)
+    if _keyed_chain_class is None:
+
+        class KeyedChain(_Chain, CustomGraphPass):
+            def uuid(self) -> Any:
+                return tuple(p.uuid() for p in self.passes)
+
+        _keyed_chain_class = KeyedChain
+    return _keyed_chain_class(passes)
 
 
 def _ours(setting: str) -> list[Any]:
@@ -79,10 +130,12 @@ def _ours(setting: str) -> list[Any]:
 
 
 def _merged(user_value: Any, managed: Sequence[Any]) -> Any:
-    """The user's passes first, as they set them, then dt-core's."""
+    """The user's passes first, as they set them, then dt-core's: a list, or on a torch
+    that takes one pass per setting, one chain of them."""
     if not managed:
         return user_value
-    return [p for p in as_list(user_value) if p not in managed] + list(managed)
+    passes = [p for p in as_list(user_value) if p not in managed] + list(managed)
+    return passes if takes_pass_lists() else _chain(passes)
 
 
 def _ensure_guard(config: Any) -> None:
@@ -141,6 +194,8 @@ def remove_graph_pass(stage: PassStage, graph_pass: Any) -> None:
         del _managed[setting]
         before = _user_value_before.pop(setting, None)
         # Unchanged since activation: give back the user's very object (None, a pass, a list).
-        setattr(config, setting, before if as_list(before) == user else (user or None))
+        if as_list(before) != user:  # the user set passes meanwhile: keep theirs
+            before = user if takes_pass_lists() or len(user) > 1 else (user or [None])[0]
+        setattr(config, setting, before)
         if not _managed and isinstance(config, _guard_class):  # type: ignore[arg-type]  # set with the guard
             object.__setattr__(config, "__class__", _unguarded_class)

@@ -1,7 +1,7 @@
 """DTensor's sharding propagator: registering strategies and rules, and putting back
 what was registered before; placements-style functions expanded over the mesh.
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..contributions import ShardingStrategy
 from . import MISSING, ensure_supported_torch
 from .dispatch import op_dispatcher
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 _lock = threading.RLock()
 
 
@@ -104,3 +104,30 @@ def placement_strategy(op: Any, func: Callable[..., Any]) -> tuple[Callable[...,
     ]
     schema_info = RuntimeSchemaInfo(min(int_args) if int_args else 100, needs_pytree=True)
     return strategy, schema_info
+
+
+# In-place identities that newer torch releases give a strategy and older ones lack
+# (aten.detach_: registered from 2.13 on, with the one-input strategy of detach).
+_IDENTITY_OPS = ("detach_",)
+
+
+def has_sharding_entry(op: Any) -> bool:
+    """Whether this torch's sharding propagator knows `op` in any of its tables."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    known = [strategy_tables("strategy")[0], strategy_tables("rule")[0], *_shadowing_tables()]
+    return any(op in table for table in known)
+
+
+def missing_identity_strategies() -> list[ShardingStrategy]:
+    """torch's one-input strategy for each in-place identity op this torch's propagator
+    has no entry for (none on a torch that has them all)."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    import torch
+
+    ops = [getattr(torch.ops.aten, name).default for name in _IDENTITY_OPS]
+    missing = [op for op in ops if not has_sharding_entry(op)]
+    if not missing:
+        return []  # newer torch (whose strategy function has another name by then)
+    from torch.distributed.tensor._ops._tensor_ops import propagate_single_input_strategy
+
+    return [ShardingStrategy(op, propagate_single_input_strategy) for op in missing]
