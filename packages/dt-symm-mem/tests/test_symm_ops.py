@@ -29,12 +29,10 @@ def gather(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Reference all-gather along `dim` with gloo (bytes, so any dtype works)."""
     import torch.distributed as dist
 
-    world = dist.get_world_size()
-    parts = torch.empty((world, *x.shape), dtype=x.dtype)
-    dist.all_gather_single(
-        parts.view(-1).view(torch.uint8), x.contiguous().view(-1).view(torch.uint8)
-    )
-    return torch.cat(list(parts.unbind(0)), dim=dim)
+    raw = x.contiguous().view(-1).view(torch.uint8)
+    parts = [torch.empty_like(raw) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, raw)  # torch's list form: the same name on every release
+    return torch.cat([p.view(x.dtype).view(x.shape) for p in parts], dim=dim)
 
 
 def reduce_scatter(x: torch.Tensor, reduce_op: str, dim: int) -> torch.Tensor:

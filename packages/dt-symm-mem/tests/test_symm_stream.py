@@ -16,9 +16,10 @@ DTYPES = (torch.float32, torch.float16, torch.int64, torch.uint8)
 def gloo_all_gather(x: torch.Tensor) -> torch.Tensor:
     import torch.distributed as dist
 
-    out = torch.empty((dist.get_world_size() * x.shape[0], *x.shape[1:]), dtype=x.dtype)
-    dist.all_gather_single(out.view(-1).view(torch.uint8), x.view(-1).view(torch.uint8))
-    return out
+    raw = x.contiguous().view(-1).view(torch.uint8)
+    parts = [torch.empty_like(raw) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, raw)  # torch's list form: the same name on every release
+    return torch.cat(parts).view(x.dtype).view(-1, *x.shape[1:])
 
 
 def shard(numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from dt_symm_mem.collectives import all_gather_single
 from dt_symm_mem.handle import ShmSymmMemory
 from dt_symm_mem.workspace import get_workspace
 
@@ -79,7 +80,7 @@ def all_gather_into(group: object, src: torch.Tensor, out: torch.Tensor) -> None
     streamed = nbytes > STREAM_MIN_BYTES
     handle = get_workspace(group, STREAM_CHUNK_BYTES * STREAM_SLOTS if streamed else nbytes)
     if handle is None:
-        dist.all_gather_single(_bytes_of(out), _bytes_of(src), group=group)
+        all_gather_single(_bytes_of(out), _bytes_of(src), group=group)
     elif streamed:
         _streamed_all_gather(handle, src.data_ptr(), out.data_ptr(), nbytes)
     else:
@@ -185,7 +186,7 @@ def _all_gather_consume_collective(
         if out is None or not out.is_contiguous():
             out = torch.empty((world, *shard.shape), dtype=shard.dtype)
         # Byte views: gloo has no float8 (or other exotic) dtypes, bytes are bytes.
-        dist.all_gather_single(_bytes_of(out), _bytes_of(shard.contiguous()), group=group)
+        all_gather_single(_bytes_of(out), _bytes_of(shard.contiguous()), group=group)
         if outs is not None and outs[i] is not None and outs[i] is not out:
             outs[i].copy_(out)  # type: ignore[union-attr]  # outs[i] given: checked by the caller
         gathered.append(out)

@@ -1,6 +1,6 @@
 """Private torch APIs that dt-symm-mem needs: symmetric memory and the micro-pipeline TP
 matchers (dt-symm-mem's own compat area, on dt-core's shared version check). Checked
-against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
+against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`).
 
 Interface (plain functions):
     resolve_process_group(group_name) -> ProcessGroup
@@ -30,7 +30,7 @@ from typing import Any
 from dt_core.compat import ensure_supported_torch
 from dt_core.compat.process_groups import resolve_process_group  # noqa: F401 - part of this area's interface
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 
 
 def group_name_of(group: Any) -> str:

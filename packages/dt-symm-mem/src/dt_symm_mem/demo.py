@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dt_symm_mem.collectives import all_gather_single, reduce_scatter_single
+
 
 def _device() -> torch.device:
     if dist.get_backend() == "nccl":
@@ -67,9 +69,9 @@ def run_stage(small: bool = True) -> dict:
     y_shard = torch.empty(tokens // world, hidden, device=device, dtype=dtype)
 
     def without_plugin() -> torch.Tensor:
-        dist.all_gather_single(x_full, x_shard, group=group)
+        all_gather_single(x_full, x_shard, group=group)
         partial = torch.relu(x_full @ W1_shard) @ W2_shard
-        dist.reduce_scatter_single(y_shard, partial, group=group)
+        reduce_scatter_single(y_shard, partial, group=group)
         return y_shard
 
     got = with_plugin().double().cpu()
