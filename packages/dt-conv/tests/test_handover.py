@@ -9,6 +9,11 @@ with dt-core deactivated (torch alone, same process, same torch release):
   dim whole, and both are exact.
 A zero pad of a Partial input stays Partial, as torch keeps it (torch's own DTensor test
 of padding fails if dt-conv reduces it).
+
+"Torch alone" is torch as it ships: a release older than 2.13 has no sharding strategy
+for some interpolation backward ops and refuses them with NotImplementedError (dt-core's
+torch-gaps plugin fills that in while active). Such a refusal is recorded, not compared:
+torch alone is loud there, never wrong, and the plugins' run must still be exact.
 """
 
 from __future__ import annotations
@@ -45,8 +50,21 @@ def _input(mode: Any, mesh: Any, x: torch.Tensor, placement: str) -> Any:
     return full if placement == "Replicate" else full.redistribute(mesh, [Shard(int(placement[6]))])
 
 
+class TorchRefused(tuple):
+    """torch alone raised "... does not have a sharding strategy registered" (the op)."""
+
+
 def _run(mode: Any, mesh: Any, fn: Callable, x: torch.Tensor, placement: str) -> tuple:
     """(output placements, full output, full input gradient) of `fn` on sharded `x`."""
+    try:
+        return _run_once(mode, mesh, fn, x, placement)
+    except NotImplementedError as error:
+        if "does not have a sharding strategy registered" not in str(error):
+            raise
+        return TorchRefused((str(error),))
+
+
+def _run_once(mode: Any, mesh: Any, fn: Callable, x: torch.Tensor, placement: str) -> tuple:
     xd = _input(mode, mesh, x, placement).requires_grad_()
     y = fn(xd)
     full = y.full_tensor()
@@ -90,12 +108,26 @@ def both_runs() -> dict[tuple[str, str], tuple]:
     return with_ref
 
 
+def _compared(ours: tuple, theirs: tuple) -> tuple:
+    """The runs to check against one process: both, or ours alone where torch alone
+    refused an interpolation op an older torch has no strategy for."""
+    assert not isinstance(ours, TorchRefused), ours
+    if not isinstance(theirs, TorchRefused):
+        return ours, theirs
+    from dt_core.torch_gaps import INTERPOLATION_OPS
+
+    assert any(f"aten.{op}.default " in theirs[0] for op in INTERPOLATION_OPS), theirs
+    return (ours,)
+
+
 @pytest.mark.parametrize("placement", HANDED_OVER)
 @pytest.mark.parametrize("name", OPS)
 def test_handed_over_calls_are_torchs_own(both_runs: dict, name: str, placement: str) -> None:
     (ours, theirs, (y_ref, grad_ref)) = both_runs[name, placement]
-    assert ours[0] == theirs[0], f"{name} on {placement}: {ours[0]} vs torch's {theirs[0]}"
-    for run in (ours, theirs):
+    runs = _compared(ours, theirs)
+    if len(runs) == 2:
+        assert ours[0] == theirs[0], f"{name} on {placement}: {ours[0]} vs torch's {theirs[0]}"
+    for run in runs:
         torch.testing.assert_close(run[1], y_ref)
         torch.testing.assert_close(run[2], grad_ref)
 
@@ -109,8 +141,10 @@ def test_windowed_shards_stay_sharded_where_torch_gathers(
 
     (ours, theirs, (y_ref, grad_ref)) = both_runs[name, placement]
     assert ours[0] == (Shard(int(placement[6])),)
-    assert theirs[0] == (Replicate(),)  # why dt-conv owns these: torch gathers the dim
-    for run in (ours, theirs):
+    runs = _compared(ours, theirs)
+    if len(runs) == 2:
+        assert theirs[0] == (Replicate(),)  # why dt-conv owns these: torch gathers the dim
+    for run in runs:
         torch.testing.assert_close(run[1], y_ref)
         torch.testing.assert_close(run[2], grad_ref)
 

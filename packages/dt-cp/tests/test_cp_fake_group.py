@@ -115,7 +115,11 @@ mesh = init_device_mesh("cpu", (dist.get_world_size(),))
 for algorithm in ("ring", "allgather"):
     for compiled in (False, True):
         q, k, v = (
-            distribute_tensor(torch.randn(2, 2, 16, 8), mesh, [Shard(2)]).requires_grad_()
+            # the local chunk (src_data_rank=None): a fake world's scatter writes nothing
+            # before torch 2.13, so rank 0's data would be left unset
+            distribute_tensor(
+                torch.randn(2, 2, 16, 8), mesh, [Shard(2)], src_data_rank=None
+            ).requires_grad_()
             for _ in "qkv"
         )
 

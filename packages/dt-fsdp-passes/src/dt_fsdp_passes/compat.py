@@ -1,5 +1,5 @@
 """Private torch APIs the FSDP front end and its passes run on (dt-fsdp-passes' own compat
-area); checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`, passed to dt-core's
+area); checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`, passed to dt-core's
 shared version check). `_StridedShard` is dt-core's area (`dt_core.compat.placements`):
 dt-core's fallback reads it too.
 
@@ -18,7 +18,7 @@ from typing import Any
 from dt_core.compat import ensure_supported_torch
 from dt_core.contributions import Patch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 
 
 def fake_mode_for(values: Iterable[Any]) -> Any:

@@ -82,6 +82,15 @@ def _own_dim0_split(name: str, placements: tuple[Any, ...], mesh: Any, param: An
     return split
 
 
+def source_rank(mesh: Any) -> int | None:
+    """Whose values a parameter's shards take: rank 0's, scattered, on a real world; on
+    torch's fake backend (a dry run, no peers) each shard is cut from the local value,
+    since the fake scatter leaves it unwritten before torch 2.13."""
+    from dt_core.compat.process_groups import is_fake_group
+
+    return None if is_fake_group(mesh.get_group(mesh.ndim - 1)) else 0
+
+
 def shard_parameter(name: str, param: nn.Parameter, mesh: Any) -> tuple[nn.Parameter, ParamLayout]:
     """The stored (sharded) parameter for `param` and how to gather it."""
     from torch.distributed.tensor import DTensor, distribute_tensor
@@ -93,7 +102,7 @@ def shard_parameter(name: str, param: nn.Parameter, mesh: Any) -> tuple[nn.Param
     fsdp = fsdp_placements(mesh)
     value = param.detach()
     if not isinstance(value, DTensor):
-        stored = distribute_tensor(value, mesh, fsdp)
+        stored = distribute_tensor(value, mesh, fsdp, src_data_rank=source_rank(mesh))
         layout = ParamLayout(mesh.ndim, None, ())
     else:
         stored, layout = _shard_dtensor(name, value, mesh, fsdp)
@@ -140,7 +149,7 @@ def _shard_dtensor(name: str, value: Any, mesh: Any, fsdp: list[Any]) -> tuple[A
         fsdp = [*fsdp[:-1], strided_shard(0, split)]
     # Values are identical on every rank after full_tensor(), so distributing is exact.
     full = value.full_tensor()
-    stored = distribute_tensor(full, combined, [*fsdp, *own])
+    stored = distribute_tensor(full, combined, [*fsdp, *own], src_data_rank=source_rank(mesh))
     return stored, ParamLayout(mesh.ndim, own_mesh, own)
 
 
