@@ -4,7 +4,8 @@ Says plainly when this machine has no CUDA device (or torch is a CPU build) and 
 the CPU cells of the test matrix are the project's tests, this command is what a GPU
 machine adds. With one GPU it runs tests/gpu (simulated ranks holding CUDA tensors: every
 plugin's CUDA kernels); with two or more it also runs the demo on NCCL ranks (torchrun,
-one rank per GPU), each stage checked against one process.
+one rank per GPU), each stage checked against one process. On a lent GPU machine without
+hatch, `bash tools/gpu_check.sh` runs the same tests plus timings and writes a report.
 """
 
 from __future__ import annotations

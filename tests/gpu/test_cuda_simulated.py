@@ -2,150 +2,147 @@
 tensors, each result checked against the same computation on one process on the GPU.
 
 - dt-conv: halo convolution (cuDNN), pooling, interpolation and padding, values and
-  gradients, on spatially sharded CUDA DTensors;
-- dt-cp: SDPA on sequence-sharded CUDA DTensors, through the CUDA kernels' ops
-  (flash in half precision, memory-efficient in float32), forward and backward;
+  gradients, on H- and W-sharded CUDA DTensors;
+- dt-cp: causal SDPA on sequence-sharded CUDA DTensors through each kernel torch's
+  `sdpa_kernel` selects (flash, memory-efficient, cuDNN) in bf16, fp16 and fp32 where the
+  kernel takes the dtype, forward and backward;
 - dt-symm-mem: its ops on CUDA tensors under the mode (torch alone refuses them there);
 - dt-fsdp-passes: a SimpleFSDP model's forward and backward on CUDA parameters.
-Run by `hatch run test-gpu:run`; with several GPUs the runner also starts NCCL ranks.
+Each test records its max error (`record_property`), which tools/gpu_check.py reports.
+Run by `hatch run test-gpu:run` or `bash tools/gpu_check.sh`; the workloads live in
+gpu_cases.py, shared with timings.py.
 """
 
 from __future__ import annotations
 
-import os
+import copy
+from collections.abc import Callable
 
+import gpu_cases as gc
 import pytest
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from dt_core.testing import rank_values, simulated_ranks
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.device_mesh import init_device_mesh
 
-# DT_TEST_GPU_DEVICE=cpu runs the same checks on the CPU: a way to try this file's logic
-# on a machine without a GPU (the runner itself only runs it where CUDA is).
-CUDA = torch.device(os.environ.get("DT_TEST_GPU_DEVICE", "cuda"))
-WORLD = 2
+DEVICE, WORLD = gc.DEVICE, gc.WORLD
+Record = Callable[[str, object], None]  # pytest's record_property fixture
+Results = tuple[torch.Tensor, list[torch.Tensor]]  # output and input gradients
+STRICT = 1e-5  # float32 results of a few short sums (symm-mem, FSDP): their tighter bound
 
 
 @pytest.fixture(autouse=True)
 def exact_cuda_math() -> None:
-    """No TF32: sharded and unsharded runs then agree to float32 rounding."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    gc.exact_math()
 
 
-def _randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=gen).to(device=CUDA, dtype=dtype)
+def _errors(label: str, got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, str]:
+    """(max |got - want|, that / max(1, max |want|), label); checks the device and dtype
+    at once, so a result computed elsewhere fails."""
+    assert got.device.type == DEVICE.type, f"{label} on {got.device}, expected {DEVICE.type}"
+    assert (got.dtype, got.shape) == (want.dtype, want.shape), label
+    error = (got.double() - want.double()).abs().max().item()
+    return error, error / max(1.0, want.abs().max().item()), label
 
 
-def _check(fn, x, params, placements, tol, param_placements=None) -> None:  # type: ignore[no-untyped-def]
-    """fn on sharded CUDA DTensors == fn on the full CUDA tensors: output and gradients
-    (parameters replicated unless `param_placements` says otherwise)."""
-    ref = [t.clone().requires_grad_() for t in (x, *params)]
-    want = fn(*ref)
-    weights = torch.linspace(-1, 1, want.numel(), device=CUDA).reshape(want.shape)
-    (want * weights).sum().backward()
+def _record(record_property: Record, errors: list[tuple[float, float, str]], tol: float) -> None:
+    """Report the max errors (also of a failing check), then hold the worst to `tol`."""
+    error, relative, label = max(errors, key=lambda e: e[1])
+    record_property("max_error", max(e[0] for e in errors))
+    record_property("max_relative_error", relative)
+    record_property("tolerance", tol)
+    assert relative <= tol, f"{label}: max error {error:.3g}, relative {relative:.3g} > {tol:g}"
+
+
+def _check_case(
+    case: gc.Case, tol: float, record_property: Record, exact: Results | None = None
+) -> set[str]:
+    """The case sharded on simulated ranks == unsharded, output and every input gradient,
+    on every rank. Returns the autograd node names near the sharded output.
+
+    With `exact` (the float64 results), the unsharded kernel's own error is measured too
+    and the bound is max(tol, 3 x that error): in half precision, dt-cp's blocks and the
+    fused kernel each round their own way, so they may differ by about what the kernel
+    itself is off; a sharding mistake is off by the values themselves."""
+    want, want_grads = gc.unsharded_step(case)
+    if exact is not None:
+        pairs = zip([want, *want_grads], [exact[0], *exact[1]], strict=True)
+        kernel = max(_errors("kernel", a, b.to(a.dtype))[1] for a, b in pairs)
+        record_property("kernel_error", kernel)
+        tol = max(tol, 3 * kernel)
     with simulated_ranks(WORLD):
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(CUDA.type, (WORLD,))
-        xd = distribute_tensor(x, mesh, placements).requires_grad_()
-        layouts = param_placements or [[Replicate()]] * len(params)
-        pd = [
-            distribute_tensor(p, mesh, pl).requires_grad_()
-            for p, pl in zip(params, layouts, strict=True)
-        ]
-        got = fn(xd, *pd)
-        full = got.full_tensor()
-        (full * weights).sum().backward()
-        grads = [t.grad.full_tensor() for t in (xd, *pd)]
-        values = [rank_values(v, WORLD)[0] for v in (full, *grads)]
-    for label, a, b in zip(
-        ["out", "grad_x", *["grad_p"] * len(params)],
-        values,
-        [want.detach(), *(t.grad for t in ref)],
-    ):
-        assert a.device.type == CUDA.type, label
-        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=label)
+        mesh = init_device_mesh(DEVICE.type, (WORLD,))
+        got, grads = gc.sharded_step(case, gc.distribute(case, mesh))
+        nodes = gc.autograd_nodes(got)
+        full = [t.full_tensor().detach() for t in (got, *grads)]
+        per_rank = [rank_values(t, WORLD) for t in full]
+    labels = ["out", *(f"grad_input{i}" for i in range(len(grads)))]
+    errors = [
+        _errors(f"{label} rank {rank}", value, reference)
+        for label, values, reference in zip(labels, per_rank, [want, *want_grads], strict=True)
+        for rank, value in enumerate(values)
+    ]
+    _record(record_property, errors, tol)
+    return nodes
 
 
-@pytest.mark.parametrize("dim", [2, 3])
-def test_conv_pool_pad_interpolate_on_cuda(dim: int) -> None:
-    w1, w2 = _randn(6, 3, 3, 3, seed=1), _randn(4, 6, 3, 3, seed=2)
-
-    def net(x, a, b):  # type: ignore[no-untyped-def]
-        y = F.relu(F.conv2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), a))
-        y = F.max_pool2d(y, 2)
-        y = F.interpolate(F.avg_pool2d(y, 3, stride=1, padding=1), scale_factor=2, mode="bilinear")
-        return F.conv2d(y, b, padding=2, dilation=2)
-
-    _check(net, _randn(2, 3, 20, 18, seed=0), [w1, w2], [Shard(dim)], tol=1e-4)
+@pytest.mark.parametrize("dim", [2, 3], ids=["H", "W"])
+def test_conv_pool_pad_interpolate_on_cuda(dim: int, record_property: Record) -> None:
+    if DEVICE.type == "cuda":
+        assert torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled
+        record_property("kernel", f"cuDNN {torch.backends.cudnn.version()}")
+    _check_case(gc.conv_case(dim), gc.TOLERANCE[torch.float32], record_property)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_context_parallel_sdpa_on_cuda_kernels(dtype: torch.dtype) -> None:
-    """Half precision takes torch's flash kernel op, float32 the memory-efficient one;
-    dt-cp owns both on sequence-sharded DTensors (its counters show the work)."""
+@pytest.mark.parametrize("dtype", gc.SDPA_DTYPES, ids=gc.dtype_name)
+@pytest.mark.parametrize("kernel", gc.SDPA_KERNELS)
+def test_context_parallel_sdpa_on_cuda_kernels(
+    kernel: str, dtype: torch.dtype, record_property: Record
+) -> None:
+    """dt-cp owns each kernel's forward and backward op on sequence-sharded DTensors: the
+    selected kernel's autograd node sits on the sharded output and dt-cp's counters show
+    the work (no replicated fallback)."""
     from dt_core.kit import reset_stats, stats
+    from torch.nn.attention import sdpa_kernel
 
-    q, k, v = (_randn(1, 4, 256, 64, seed=s, dtype=dtype) for s in (3, 4, 5))
+    if dtype not in gc.SDPA_SUPPORTED[kernel]:
+        pytest.skip(f"{kernel} {gc.dtype_name(dtype)}: not supported by the kernel")
+    node = gc.sdpa_node(kernel)
+    record_property("kernel", node.removesuffix("Backward0"))
+    case = gc.sdpa_case(kernel, dtype)
+    exact = gc.unsharded_step(gc.in_float64(case)) if dtype != torch.float32 else None
     reset_stats()
-    tol = 2e-2 if dtype == torch.float16 else 1e-4
-    _check(
-        lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True),
-        q,
-        [k, v],
-        [Shard(2)],
-        tol=tol,
-        param_placements=[[Shard(2)], [Shard(2)]],
-    )
+    with sdpa_kernel([gc.sdpa_backend(kernel)]):
+        nodes = _check_case(case, gc.TOLERANCE[dtype], record_property, exact)
+    assert node in nodes, f"sharded SDPA did not run {node}: {sorted(nodes)}"
     assert stats().get("cp", {}).get("score_elements", 0) > 0, stats()
 
 
-def test_symm_mem_ops_on_cuda_tensors_under_the_mode() -> None:
-    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem.*)
-
-    shards = [_randn(4, 8, seed=10 + r) for r in range(WORLD)]
-    b = _randn(8, 5, seed=20)
+def test_symm_mem_ops_on_cuda_tensors_under_the_mode(record_property: Record) -> None:
+    shards, b = gc.symm_mem_inputs()
     with simulated_ranks(WORLD) as mode:
-        a = mode.rank_map(lambda r: shards[r])
-        _, (out,) = torch.ops.symm_mem.fused_all_gather_matmul(
-            a, [b], 0, dist.group.WORLD.group_name, return_A=False
-        )
-        values = rank_values(out, WORLD)
+        values = rank_values(gc.symm_mem_sharded(mode, shards, b), WORLD)
     full = torch.cat(shards) @ b
-    for value in values:
-        assert value.device.type == CUDA.type
-        torch.testing.assert_close(value, full, rtol=1e-5, atol=1e-5)
+    errors = [_errors(f"rank {r}", v, full) for r, v in enumerate(values)]
+    _record(record_property, errors, STRICT)
 
 
-def test_simple_fsdp_forward_backward_on_cuda() -> None:
+def test_simple_fsdp_forward_backward_on_cuda(record_property: Record) -> None:
     """Each simulated rank trains on its own rows; averaged gradients equal one process's
     on the whole batch."""
-    import copy
-
     from dt_fsdp_passes import simple_fsdp
-    from torch.distributed.device_mesh import init_device_mesh
 
-    torch.manual_seed(0)
-    reference = torch.nn.Sequential(
-        torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)
-    ).to(CUDA)
-    x, y = _randn(2 * WORLD, 6, seed=30), _randn(2 * WORLD, 3, seed=31)
+    reference, x, y = gc.fsdp_reference()
     with simulated_ranks(WORLD) as mode:
-        mesh = init_device_mesh(CUDA.type, (WORLD,), mesh_dim_names=("fsdp",))
+        mesh = init_device_mesh(DEVICE.type, (WORLD,), mesh_dim_names=("fsdp",))
         model = simple_fsdp(copy.deepcopy(reference), mesh)
         xs = mode.rank_map(lambda r: x.chunk(WORLD)[r])
         ys = mode.rank_map(lambda r: y.chunk(WORLD)[r])
-        loss = ((model(xs) - ys) ** 2).mean()
-        loss.backward()
+        loss = gc.mse_step(model, xs, ys)
         grads = {k: p.grad.full_tensor() for k, p in model.named_parameters()}
-        losses = [float(v) for v in rank_values(loss.detach(), WORLD)]
-    want = ((reference(x) - y) ** 2).mean()
-    want.backward()
-    assert abs(sum(losses) / WORLD - want.item()) < 1e-5, (losses, want.item())
+        losses = rank_values(loss, WORLD)
+        got = {k: rank_values(g, WORLD) for k, g in grads.items()}
+    want = gc.mse_step(reference, x, y)
+    errors = [_errors("mean loss", sum(losses) / WORLD, want)]
     for name, p in reference.named_parameters():
-        for got in rank_values(grads[name], WORLD):
-            assert got.device.type == CUDA.type, name
-            torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-5, msg=name)
+        errors += [_errors(f"{name} rank {r}", v, p.grad) for r, v in enumerate(got[name])]
+    _record(record_property, errors, STRICT)
