@@ -1,0 +1,86 @@
+"""tools/run_cell.py and support_table.py: which tests a cell leaves out in CI's scope,
+where it files its results, and the README table rendered from those results.
+
+The JUnit inputs are hand-made; the expected cells are counted by hand from them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+@pytest.fixture
+def tools(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
+    monkeypatch.syspath_prepend(str(TOOLS))
+    for name in ("run_cell", "support_table"):
+        sys.modules.pop(name, None)
+    import run_cell
+    import support_table
+
+    return run_cell, support_table
+
+
+def test_ci_scope_leaves_compile_heavy_tests_out_on_middle_releases_only(tools) -> None:
+    run_cell, _ = tools
+    assert run_cell.selection("ci", edge=False) == ["-m", "not compile_heavy"]
+    assert run_cell.selection("ci", edge=True) == []
+    assert run_cell.selection("full", edge=False) == []
+
+
+def test_a_cell_is_named_by_its_test_paths(tools) -> None:
+    run_cell, _ = tools
+    assert run_cell.cell_name(["packages/dt-conv/tests"]) == "dt-conv"
+    assert run_cell.cell_name(["packages/dt-core/tests/test_autoload.py"]) == "dt-core"
+    assert run_cell.cell_name(["tests"]) == "cross"
+
+
+def _junit(path: Path, outcomes: list[str]) -> None:
+    cases = []
+    for i, outcome in enumerate(outcomes):
+        inner = {
+            "passed": "",
+            "failed": '<failure message="boom"/>',
+            "error": '<error message="setup"/>',
+            "xfailed": '<skipped type="pytest.xfail" message="torch bug"/>',
+            "skipped": '<skipped type="pytest.skip" message="no"/>',
+        }[outcome]
+        cases.append(f'<testcase classname="t" name="c{i}">{inner}</testcase>')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"<testsuites><testsuite>{''.join(cases)}</testsuite></testsuites>")
+
+
+def test_the_table_counts_each_cell_per_release_and_says_what_was_left_out(
+    tools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, support_table = tools
+    monkeypatch.setattr(support_table, "RESULTS", tmp_path)
+    _junit(tmp_path / "torch-2.13.0" / "dt-conv.xml", ["passed"] * 3 + ["failed", "xfailed"])
+    _junit(tmp_path / "torch-2.9.1" / "dt-conv.xml", ["passed", "error"])
+    _junit(tmp_path / "torch-2.13.0" / "cross.xml", ["passed", "passed"])
+    note = {"scope": "ci", "deselected": "compile_heavy"}
+    (tmp_path / "torch-2.13.0" / "cross.json").write_text(json.dumps(note))
+    lines = support_table.table().splitlines()
+    assert lines[0] == "| cell | torch 2.9.1 | torch 2.13.0 |"  # releases in numeric order
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines[2:8]}
+    assert rows["dt-conv"] == "| dt-conv | 1 passed, 1 errors | 3 passed, 1 failed, 1 xfailed |"
+    assert rows["cross"] == "| cross | not run | 2 passed, compile_heavy left out |"
+    assert rows["dt-cp"] == "| dt-cp | not run | not run |"
+
+
+def test_write_replaces_only_the_marked_block(tools, tmp_path: Path) -> None:
+    _, support_table = tools
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{support_table.START}\nold\n{support_table.END}\nrest\n")
+    support_table.write(readme, "| new |")
+    assert readme.read_text() == (
+        f"intro\n{support_table.START}\n| new |\n{support_table.END}\nrest\n"
+    )
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="markers"):
+        support_table.write(readme, "| new |")

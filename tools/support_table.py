@@ -1,0 +1,106 @@
+"""The README's table of supported torch releases, from the test run itself.
+
+    python tools/support_table.py            # print the table
+    python tools/support_table.py --write    # put it into README.md between its markers
+
+Reads what each cell of `hatch run test:run` wrote (`tools/run_cell.py`:
+`build/test-results/torch-<release>/<cell>.xml`, JUnit, and a note of the scope it ran
+in) and renders one row per cell, one column per torch release: how many tests passed,
+failed, errored, were expected failures, and whether the compile-heavy ones were left
+out (CI's scope on a middle release). A cell that did not run shows as such; nothing in
+the table is typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "build" / "test-results"
+README = ROOT / "README.md"
+CELLS = ["dt-core", "dt-conv", "dt-cp", "dt-symm-mem", "dt-fsdp-passes", "cross"]
+START, END = "<!-- support-table:start -->", "<!-- support-table:end -->"
+
+
+def release_key(name: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", name))
+
+
+def counts(xml: Path) -> dict[str, int]:
+    """passed / failed / errors / skipped / xfailed of one JUnit file."""
+    found = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "xfailed": 0}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag == "failure":
+                outcome = "failed"
+            elif child.tag == "error":
+                outcome = "errors"
+            elif child.tag == "skipped":
+                xfail = "xfail" in (child.get("type", "") + child.get("message", ""))
+                outcome = "xfailed" if xfail else "skipped"
+        found[outcome] += 1
+    return found
+
+
+def cell_text(xml: Path) -> str:
+    if not xml.exists():
+        return "not run"
+    c = counts(xml)
+    parts = [f"{c['passed']} passed"]
+    parts += [f"{c[k]} {k}" for k in ("failed", "errors", "skipped", "xfailed") if c[k]]
+    note_file = xml.with_suffix(".json")
+    note = json.loads(note_file.read_text()) if note_file.exists() else {}
+    if note.get("deselected"):
+        parts.append(f"{note['deselected']} left out")
+    return ", ".join(parts)
+
+
+def table() -> str:
+    releases = sorted((p.name[len("torch-") :] for p in RESULTS.glob("torch-*")), key=release_key)
+    if not releases:
+        raise SystemExit("support_table: no results in build/test-results (run the tests first)")
+    header = "| cell | " + " | ".join(f"torch {r}" for r in releases) + " |"
+    rule = "|---" * (len(releases) + 1) + "|"
+    rows = [
+        f"| {cell} | "
+        + " | ".join(cell_text(RESULTS / f"torch-{r}" / f"{cell}.xml") for r in releases)
+        + " |"
+        for cell in CELLS
+    ]
+    newest = max(x.stat().st_mtime for x in RESULTS.glob("torch-*/*.xml"))
+    when = datetime.date.fromtimestamp(newest).isoformat()
+    machine = f"{platform.machine()}, {platform.python_version()}"
+    source = f"From `hatch run test:run` (last cell {when}, {machine}; `tools/support_table.py`)."
+    return "\n".join([header, rule, *rows, "", source])
+
+
+def write(readme: Path, text: str) -> None:
+    content = readme.read_text()
+    if START not in content or END not in content:
+        raise SystemExit(f"support_table: {readme} has no {START} ... {END} markers")
+    head, rest = content.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="update README.md in place")
+    args = parser.parse_args(argv)
+    text = table()
+    if args.write:
+        write(README, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
