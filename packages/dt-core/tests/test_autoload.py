@@ -223,7 +223,9 @@ def test_cli_list_json_and_check(tmp_path: Path) -> None:
     assert sample["pass_settings"] == {"sample:count_nodes": {"mode": "count"}}
     patch = "patch torch.distributed.tensor.DTensor.__repr__"
     assert sample["patches"] == [patch]
-    assert sample["patch_details"] == {patch: {"torch": ">=2.13,<2.15"}}
+    from dt_core.compat import TESTED_TORCH_RANGE
+
+    assert sample["patch_details"] == {patch: {"torch": f">={TESTED_TORCH_RANGE[0]}"}}
     assert sample["api"] == ">=1.1,<2"
 
     table = run_python("from dt_core.cli import main; main(['list'])")
@@ -238,13 +240,25 @@ def test_cli_list_json_and_check(tmp_path: Path) -> None:
     assert "the broken plugin cannot import its kernels" in failed.stdout
 
 
-@pytest.mark.parametrize("version", ["2.12.1", "2.15.0", "2.15.0a0+git1", "3.0.0"])
+def _window() -> tuple[str, str]:
+    """The release just below the tested window and the first one above it."""
+    from dt_core.compat.torch_version import TESTED_TORCH_RANGE
+    from dt_core.versions import release
+
+    major, minor, _ = release(TESTED_TORCH_RANGE[0])
+    return f"{major}.{minor - 1}.2", TESTED_TORCH_RANGE[1]
+
+
+BELOW, ABOVE = _window()
+
+
+@pytest.mark.parametrize("version", [BELOW, ABOVE, f"{ABOVE}a0+git1", "3.0.0"])
 def test_untested_torch_is_refused_with_the_range(version: str) -> None:
     from dt_core.compat import torch_version
 
     problem = torch_version.torch_version_problem(version)
     assert problem is not None
-    assert version in problem and "2.13.0" in problem
+    assert version in problem and torch_version.TESTED_TORCH_SPEC in problem
     assert torch_version.ALLOW_UNTESTED_ENV in problem
 
 
@@ -271,12 +285,14 @@ print("CHECK_EXIT", main(["check"]))
 """
 
 
-@pytest.mark.parametrize("version", ["2.12.1", "2.15.0"])
+@pytest.mark.parametrize("version", [BELOW, ABOVE])
 def test_untested_torch_warns_once_leaves_torch_working_and_fails_check(version: str) -> None:
+    from dt_core.compat.torch_version import TESTED_TORCH_SPEC
+
     result = run_python(UNTESTED_TORCH.format(version=version))
     assert lines(result, "WARNINGS") == ["1"]
     (text,) = lines(result, "TEXT")
-    assert f"torch {version}" in text and ">=2.13.0,<2.15.0" in text
+    assert f"torch {version}" in text and TESTED_TORCH_SPEC in text
     assert "DT_PLUGINS_ALLOW_UNTESTED_TORCH=1" in text and "sample" in text
     (states,) = lines(result, "STATES")
     assert "'sample': 'failed'" in states and "active" not in states
@@ -286,19 +302,26 @@ def test_untested_torch_warns_once_leaves_torch_working_and_fails_check(version:
 
 
 def test_untested_torch_with_the_override_activates_and_check_passes_with_a_note() -> None:
-    result = run_python(
-        UNTESTED_TORCH.format(version="2.15.0"), DT_PLUGINS_ALLOW_UNTESTED_TORCH="1"
-    )
+    result = run_python(UNTESTED_TORCH.format(version=ABOVE), DT_PLUGINS_ALLOW_UNTESTED_TORCH="1")
     assert lines(result, "WARNINGS") == ["0"]
     (states,) = lines(result, "STATES")
     assert "'sample': 'active'" in states
     assert lines(result, "CHECK_EXIT") == ["0"]
-    assert "note: torch 2.15.0 is outside the tested releases" in result.stdout
+    assert f"note: torch {ABOVE} is outside the tested releases" in result.stdout
     assert "problem:" not in result.stdout
 
 
 @pytest.mark.parametrize(
-    "version", ["2.13.0", "2.13.0+cpu", "2.13.1", "2.13.0a0+git123", "2.14.1+cu130", "2.14.2"]
+    "version",
+    [
+        "2.13.0",
+        "2.13.0+cpu",
+        "2.13.0a0+git123",
+        "2.14.1+cu130",
+        "2.14.2",
+        "2.15.0",
+        "2.15.0+cu132",
+    ],
 )
 def test_tested_torch_range_is_accepted(version: str) -> None:
     from dt_core.compat import torch_version

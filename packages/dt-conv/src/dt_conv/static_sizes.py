@@ -17,12 +17,14 @@ what a second compile of a sharded conv net with other sizes or placements hit o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from dt_core.dtensors import as_dtensor
 from dt_core.tracing import is_tracing, simulates_ranks
 from torch.distributed.tensor import DTensor
+
+T = TypeVar("T")
 
 
 def _symbolic(sizes: Sequence[Any]) -> bool:
@@ -38,7 +40,7 @@ def _pinned(sizes: Sequence[Any], keep_first: bool) -> list[Any]:
     ]
 
 
-def static_sizes(x: Any, keep_batch: bool) -> Any:
+def static_sizes(x: T, keep_batch: bool) -> T:
     """`x` itself, or, for a traced DTensor with symbolic sizes, the same DTensor whose
     global and local sizes are plain ints on every dim but the batch (`keep_batch`).
     Eager and simulated ranks are left alone: LocalTensorMode's sizes are SymInts that
@@ -52,7 +54,7 @@ def static_sizes(x: Any, keep_batch: bool) -> Any:
     local_shape = _pinned(local.shape, keep_batch)
     if local_shape != list(local.shape):
         local = local.view(local_shape)
-    return as_dtensor(local, x.device_mesh, x.placements, shape)
+    return as_dtensor(local, x.device_mesh, x.placements, shape)  # type: ignore[return-value]
 
 
 def worked_dims(name: str, args: tuple) -> int:

@@ -6,6 +6,9 @@ there needs that package's release only; the areas the core itself or several pl
 are here. Every compat module states the torch releases it was checked with
 (`CHECKED_WITH_TORCH`), calls the shared `ensure_supported_torch()` before its first
 private access, and branches on what torch has (`torch_has`), not on version numbers.
+The modules were checked with 2.11 and 2.12 too (the plugins run there with the
+override, and dt-core's `torch-gaps` plugin fills in what those releases lack), which is
+wider than the window the plugins activate in by themselves (`TESTED_TORCH_RANGE`).
 
 Areas:
     torch_version     the shared checks: TESTED_TORCH_RANGE, ALLOW_UNTESTED_ENV,

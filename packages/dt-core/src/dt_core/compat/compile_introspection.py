@@ -2,7 +2,7 @@
 counters and the compile caches. Tests and benchmarks use it (through
 `dt_core.testing.compiled`); no plugin's runtime path does.
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`); every function passes it to the
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`); every function passes it to the
 shared version check before its first private access.
 """
 

@@ -1,7 +1,7 @@
 """DTensor's op dispatch: the table of ops whose whole dispatch a handler owns, and the
 sharding-decision caches that must be forgotten when handlers or strategies change.
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from . import MISSING, ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 _lock = threading.RLock()
 
 

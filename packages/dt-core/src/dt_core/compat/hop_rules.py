@@ -1,6 +1,6 @@
 """Higher-order operators' per-tensor-subclass rules (what `hop.py_impl(subclass)` sets).
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from . import MISSING, ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 _lock = threading.RLock()
 
 

@@ -1,6 +1,6 @@
 """torch.library registrations dt-core owns and can take out again.
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from . import ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 
 
 def new_library(namespace: str, kind: str) -> Any:

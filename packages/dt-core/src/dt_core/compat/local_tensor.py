@@ -1,6 +1,6 @@
 """torch's LocalTensorMode (one process simulating every rank), as plugins need it.
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`): `torch.distributed._local_tensor`,
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`): `torch.distributed._local_tensor`,
 and the fake process group of `torch.testing._internal.distributed.fake_pg` for
 one-process worlds.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from . import ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 MODULE = "torch.distributed._local_tensor"
 
 

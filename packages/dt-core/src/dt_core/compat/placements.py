@@ -2,7 +2,7 @@
 dim that TP already shards. dt-core's replicated fallback must recognise it, and
 dt-fsdp-passes builds it, so the area is dt-core's.
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from . import ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 
 
 def strided_shard(dim: int, split_factor: int) -> Any:

@@ -1,7 +1,7 @@
 """Process groups by registered name (custom ops take a group's name, not the group), and
 whether a group is torch's fake backend (one process standing in for a world: no peers).
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from . import ensure_supported_torch, torch_has
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 
 
 def resolve_process_group(group_name: str) -> Any:

@@ -1,6 +1,6 @@
 """Private torch APIs for telling tracing from eager work, and traceable collectives.
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`); every function passes it to the
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`); every function passes it to the
 shared version check before its first private access.
 
 Tracing here means a tracer is recording ops instead of running them on data: Dynamo
@@ -24,7 +24,7 @@ from typing import Any
 
 from . import ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 
 
 def tracer_modes_active() -> bool:

@@ -1,7 +1,7 @@
 """Private torch APIs of flex_attention that dt-cp needs (dt-cp's own compat area).
 
 Plain functions only; each checks the torch range before its first private access.
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`).
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from dt_core.compat import ensure_supported_torch
 from dt_core.contributions import Patch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 
 
 def is_default_block_mask(block_mask: tuple) -> bool:

@@ -7,7 +7,7 @@ before sharding them and records the permutation only in module globals of
 DTensor made there looks like any other. A DTensor handler that must know which global
 positions a rank holds reads that state here, and only here.
 
-Checked against torch 2.13.x and 2.14.x (`CHECKED_WITH_TORCH`, passed to dt-core's shared
+Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`, passed to dt-core's shared
 version check):
   - `_cp_options.enable_load_balance` (bool): `context_parallel()` sets it to whether it
     balanced (head-tail, only when S % (2·P) == 0) for the duration of its block and
@@ -34,7 +34,7 @@ from typing import Any
 
 from dt_core.compat import ensure_supported_torch
 
-CHECKED_WITH_TORCH = ">=2.13.0,<2.15"
+CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 _ATTENTION_MODULE = "torch.distributed.tensor.experimental._context_parallel._attention"
 _BALANCER_MODULE = "torch.distributed.tensor.experimental._context_parallel._load_balancer"
 

@@ -81,5 +81,9 @@ def _counting_repr(original: Any) -> Any:
 @hookimpl
 def dt_patches() -> list[Patch]:
     # Named, not imported: listing the plugin must not import DTensor.
+    # DTensor.__repr__ is there in every torch from the window's oldest release on.
+    from dt_core.compat import TESTED_TORCH_RANGE
+
     target = "torch.distributed.tensor:DTensor"
-    return [Patch(target, "__repr__", _counting_repr, ">=2.13,<2.15", wrap_original=True)]
+    fits = f">={TESTED_TORCH_RANGE[0]}"
+    return [Patch(target, "__repr__", _counting_repr, fits, wrap_original=True)]
