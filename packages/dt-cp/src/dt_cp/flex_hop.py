@@ -77,11 +77,7 @@ def _setup(
     if traced and simulates_ranks(query, key, value):
         # torch's front end compiles even in eager, and Dynamo's fake tensors cannot hold
         # the per-rank values LocalTensorMode simulates: say so instead of torch's assert
-        raise NotImplementedError(
-            "dt-cp: torch's flex_attention front end compiles its call, which cannot run "
-            "on LocalTensorMode's simulated ranks; call dt_cp.flex_attention(q, k, v, ...) "
-            "there (same arguments), which runs exactly under the mode"
-        )
+        raise NotImplementedError(attention.SIMULATED_RANKS_FRONT_END)
     # torch's eager front end traces the operator once (fake tensors) before running it
     # for real: that trace only needs shapes, so it takes the traceable algorithm quietly.
     with settings(algorithm="allgather") if traced else contextlib.nullcontext():

@@ -42,11 +42,40 @@ def _has_subclass_backward(query: Any) -> bool:
     return isinstance(query, DTensor) and DTensor in flex_attention_backward.python_key_table
 
 
+# torch's flex front end compiles even an eager call, and Dynamo's fake tensors cannot
+# hold the per-rank values LocalTensorMode simulates: the one error for that, raised by
+# dt-cp's HOP rule (torch 2.13, 2.14) or, before torch compiles, by the front end's
+# device check below (2.15 fails inside Dynamo before the rule is reached).
+SIMULATED_RANKS_FRONT_END = (
+    "dt-cp: torch's flex_attention front end compiles its call, which cannot run "
+    "on LocalTensorMode's simulated ranks; call dt_cp.flex_attention(q, k, v, ...) "
+    "there (same arguments), which runs exactly under the mode"
+)
+
+
+def _front_end_compiles_simulated_ranks(query: Any) -> bool:
+    """Whether torch's front end is about to compile a call on simulated ranks' DTensors
+    (it runs the operator uncompiled only with its compile-debug switch off)."""
+    import torch
+    from dt_core.tracing import simulates_ranks
+    from torch.distributed.tensor import DTensor
+    from torch.nn.attention import flex_attention
+
+    if not isinstance(query, DTensor) or torch.compiler.is_compiling():
+        return False
+    if getattr(flex_attention, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", False):
+        return False
+    return simulates_ranks(query)
+
+
 def _deferring_cpu_backward_check(original: Callable[..., None]) -> Callable[..., None]:
     """torch's `_validate_device` (`original`), minus its CPU-backward refusal for DTensors
-    that a DTensor flex_attention_backward rule will differentiate."""
+    that a DTensor flex_attention_backward rule will differentiate, plus dt-cp's error for
+    a call torch would compile on simulated ranks."""
 
     def validate_device(query: Any, key: Any, value: Any) -> None:
+        if _front_end_compiles_simulated_ranks(query):
+            raise NotImplementedError(SIMULATED_RANKS_FRONT_END)
         if _has_subclass_backward(query):
             query, key, value = query.detach(), key.detach(), value.detach()
         original(query, key, value)
@@ -58,7 +87,8 @@ def flex_cpu_backward_check_patch() -> Patch:
     """The patch dt-cp contributes (dt-core installs and restores it): torch 2.13's
     `flex_attention` front end refuses CPU inputs that need gradients before any dispatch,
     so no HOP rule could answer; the replacement skips only that refusal, and only for
-    DTensors while flex_attention_backward has a DTensor rule."""
+    DTensors while flex_attention_backward has a DTensor rule. It also names dt-cp's
+    limit on simulated ranks before torch compiles the call."""
     ensure_supported_torch(CHECKED_WITH_TORCH)
     return Patch(
         "torch.nn.attention.flex_attention",  # imported when dt-core installs the patch
