@@ -171,6 +171,7 @@ def _compile_blocks(model) -> None:
         model.layers[name] = torch.compile(block, fullgraph=True)
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(4, timeout=900)
 def test_fsdp2_x_sequence_parallel_tp_compiled_per_block_fuses_every_tp_collective() -> None:
     """dp x tp = 2 x 2. Every TP all-gather and reduce-scatter in the compiled blocks is a

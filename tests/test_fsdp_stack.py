@@ -233,7 +233,8 @@ def _fsdp_x_spatial_conv(replicated_params: bool, backend: str | None) -> tuple[
 
 @pytest.mark.ranks(4, timeout=600)
 @pytest.mark.parametrize(
-    ("replicated_params", "backend"), [(True, "inductor"), (False, "aot_eager")]
+    ("replicated_params", "backend"),
+    [pytest.param(True, "inductor", marks=pytest.mark.compile_heavy), (False, "aot_eager")],
 )
 def test_fsdp_x_spatial_conv_eager_and_compiled(replicated_params: bool, backend: str) -> None:
     """Inductor once, for DTensor parameters; plain ones differ only in how the traced

@@ -140,6 +140,7 @@ def _transformer_by_module() -> dict:
     return {"eager": eager_errors, "compiled": errors, "bucket": _records("bucket")}
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(2, timeout=300)
 def test_transformer_eager_and_compiled_default_buckets_per_block() -> None:
     result = _transformer_by_module()
@@ -193,6 +194,7 @@ def _uneven_four_ranks() -> dict:
     return {"errors": errors, "bucket": _records("bucket")}
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(4, timeout=300)
 def test_uneven_shards_on_four_ranks_one_bucket_each_way() -> None:
     result = _uneven_four_ranks()
