@@ -59,7 +59,7 @@ def cell_text(xml: Path) -> str:
     note_file = xml.with_suffix(".json")
     note = json.loads(note_file.read_text()) if note_file.exists() else {}
     if note.get("deselected"):
-        parts.append(f"{note['deselected']} left out")
+        parts.append(f"CI scope ({note['deselected']} left out)")
     return ", ".join(parts)
 
 
@@ -77,7 +77,7 @@ def table() -> str:
     ]
     newest = max(x.stat().st_mtime for x in RESULTS.glob("torch-*/*.xml"))
     when = datetime.date.fromtimestamp(newest).isoformat()
-    machine = f"{platform.machine()}, {platform.python_version()}"
+    machine = f"{platform.machine()}, Python {platform.python_version()}"
     source = f"From `hatch run test:run` (last cell {when}, {machine}; `tools/support_table.py`)."
     return "\n".join([header, rule, *rows, "", source])
 
