@@ -282,3 +282,44 @@ def test_patches_named_by_module_wait_for_its_import() -> None:
     assert module_class.dump_patches == "probe"
     undo()
     assert module_class.dump_patches is own
+
+
+def test_torch_gaps_fills_only_what_torch_lacks_and_takes_it_out_again(core) -> None:
+    """dt-core's torch-gaps plugin: nothing on a torch of the window (it has every piece);
+    with one of torch's interpolation strategies taken away (as torch 2.12 lacks it), the
+    plugin fills it, the op then runs exact on DTensors, and deactivate removes it."""
+    from dt_core import torch_gaps
+    from dt_core.compat.sharding_rules import has_sharding_entry
+    from dt_core.testing import rank_values, simulated_ranks
+    from torch.distributed.tensor import DTensor, Partial
+
+    assert torch_gaps.dt_sharding_strategies() == []
+    op = torch.ops.aten.upsample_nearest2d_backward.default
+    tables = _propagator_tables()
+    taken = {name: table.pop(op) for name, table in tables.items() if op in table}
+    try:
+        assert not has_sharding_entry(op)
+        dt_core.register_plugin(torch_gaps, "gaps")
+        core.append("gaps")
+        infos = {p.name: p for p in dt_core.activate()}
+        assert infos["gaps"].state == "active" and str(op) in infos["gaps"].ops
+        assert has_sharding_entry(op)
+        grad = torch.arange(32.0).reshape(1, 2, 4, 4)
+        with simulated_ranks(2) as mode:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (2,))
+            # the simulated ranks hold a quarter and three quarters: a pending sum
+            shares = mode.rank_map(lambda r: grad * (0.25 if r == 0 else 0.75))
+            partial = DTensor.from_local(shares, mesh, [Partial()], run_check=False)
+            got = op(partial, [4, 4], [1, 2, 2, 2], 2.0, 2.0)
+            assert tuple(got.placements) == (Partial(),)  # linear: the pending sum stays
+            values = rank_values(got.full_tensor(), 2)
+        expected = grad.reshape(1, 2, 2, 2, 2, 2).sum((3, 5))  # each input pixel's 2x2
+        for value in values:
+            torch.testing.assert_close(value, expected)
+        dt_core.deactivate()
+        assert not has_sharding_entry(op)
+    finally:
+        for name, value in taken.items():
+            tables[name][op] = value
