@@ -45,8 +45,13 @@ def static_sizes(x: T, keep_batch: bool) -> T:
     global and local sizes are plain ints on every dim but the batch (`keep_batch`).
     Eager and simulated ranks are left alone: LocalTensorMode's sizes are SymInts that
     hold each rank's value, not symbols to guard on."""
-    if not isinstance(x, DTensor) or simulates_ranks(x) or not is_tracing(x):
-        return x  # simulated ranks' sizes are SymInts too: per-rank values, not symbols
+    if not isinstance(x, DTensor) or not is_tracing(x) or simulates_ranks(x):
+        return x
+    return _pinned_dtensor(x, keep_batch)  # type: ignore[return-value]
+
+
+def _pinned_dtensor(x: DTensor, keep_batch: bool) -> DTensor:
+    """`x` with its symbolic sizes made plain ints but the batch's (`keep_batch`)."""
     local = x.to_local()
     if not (_symbolic(x.shape) or _symbolic(local.shape)):
         return x
@@ -54,7 +59,13 @@ def static_sizes(x: T, keep_batch: bool) -> T:
     local_shape = _pinned(local.shape, keep_batch)
     if local_shape != list(local.shape):
         local = local.view(local_shape)
-    return as_dtensor(local, x.device_mesh, x.placements, shape)  # type: ignore[return-value]
+    return as_dtensor(local, x.device_mesh, x.placements, shape)
+
+
+def keeps_batch(x: torch.Tensor, worked: int) -> bool:
+    """Whether dim 0 of `x` is a batch the op does not slide along: `x` has a batch and
+    channels besides the `worked` trailing dims the op slides along."""
+    return x.ndim >= 3 and worked < x.ndim
 
 
 def worked_dims(name: str, args: tuple) -> int:
@@ -71,11 +82,12 @@ def worked_dims(name: str, args: tuple) -> int:
 def with_static_sizes(name: str, args: tuple) -> tuple:
     """`args` with each DTensor's sizes static where the op needs numbers: every dim but
     the batch, which stays symbolic unless the op slides along it (a pad reaching dim 0,
-    an input with fewer than 3 dims)."""
-    if not any(isinstance(a, DTensor) for a in args):
+    an input with fewer than 3 dims). Decided once for the call: eager calls (and
+    simulated ranks) return `args` after one check."""
+    dtensors = [a for a in args if isinstance(a, DTensor)]
+    if not dtensors or not is_tracing(*dtensors) or simulates_ranks(*dtensors):
         return args
-    out = []
-    for a in args:
-        keep_batch = isinstance(a, DTensor) and a.ndim >= 3 and worked_dims(name, args) < a.ndim
-        out.append(static_sizes(a, keep_batch))
-    return tuple(out)
+    worked = worked_dims(name, args)
+    return tuple(
+        _pinned_dtensor(a, keeps_batch(a, worked)) if isinstance(a, DTensor) else a for a in args
+    )

@@ -49,15 +49,20 @@ INTERPOLATION_OPS = tuple(
 )
 
 
+def _same_layout_in_and_out(args: tuple, layouts: list[Any]) -> list[tuple[list, list]]:
+    """For each of `layouts`: the first argument (the tensor in) and the tensor out laid
+    out so, the other arguments (sizes, scales) not tensors."""
+    rest = [None] * (len(args) - 1)
+    return [([p], [p, *rest]) for p in layouts]
+
+
 def interpolation_placements(*args: Any, **kwargs: Any) -> list[tuple[list, list]]:
-    """One mesh dim of an interpolation op: the tensor in, the first argument, and the
-    tensor out share a batch or channel shard, a pending sum or average, or are
-    replicated; the other arguments are sizes and scales."""
+    """One mesh dim of an interpolation op: in and out share a batch or channel shard, a
+    pending sum or average, or are replicated."""
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    rest = [None] * (len(args) - 1)
     layouts = [Shard(0), Shard(1), Partial("sum"), Partial("avg"), Replicate()]
-    return [([p], [p, *rest]) for p in layouts]
+    return _same_layout_in_and_out(args, layouts)
 
 
 def interpolation_backward_placements(*args: Any, **kwargs: Any) -> list[tuple[list, list]]:
@@ -65,8 +70,7 @@ def interpolation_backward_placements(*args: Any, **kwargs: Any) -> list[tuple[l
     only layouts whose local shape is the global one (replicated, a pending sum)."""
     from torch.distributed.tensor import Partial, Replicate
 
-    rest = [None] * (len(args) - 1)
-    return [([p], [p, *rest]) for p in (Partial("sum"), Partial("avg"), Replicate())]
+    return _same_layout_in_and_out(args, [Partial("sum"), Partial("avg"), Replicate()])
 
 
 @hookimpl

@@ -10,14 +10,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# Decided once, at import: the name this torch has.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def all_gather_single(out: torch.Tensor, src: torch.Tensor, group: Any = None) -> None:
     """`out` = every rank's `src`, concatenated along dim 0 in rank order."""
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, src, group=group)
+    _ALL_GATHER(out, src, group=group)
 
 
 def reduce_scatter_single(out: torch.Tensor, src: torch.Tensor, group: Any = None) -> None:
     """`out` = this rank's dim-0 chunk of the sum of every rank's `src`."""
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    scatter(out, src, group=group)
+    _REDUCE_SCATTER(out, src, group=group)

@@ -25,7 +25,7 @@ from .. import ranks
 from ..engine import windows
 from ..engine.geometry import Affine, DimSplit, Fill
 from ..engine.plan import Splitter, plan_spatial
-from ..static_sizes import static_sizes
+from ..static_sizes import keeps_batch, static_sizes
 from ..validate import raise_like_torch, simulated_ranks
 
 # torch's pad on the unsharded dims, and its adjoint (grad, window, rest) -> window grad
@@ -167,7 +167,7 @@ class _CircularPad(torch.autograd.Function):
 def circular_pad(x: DTensor, pad: Sequence[int]) -> torch.Tensor:
     """`_pad_circular` for a DTensor: halo path where exact, else torch's own (gathers)."""
     pad = list(pad)
-    x = static_sizes(x, keep_batch=x.ndim >= 3 and len(pad) // 2 < x.ndim)
+    x = static_sizes(x, keep_batch=keeps_batch(x, len(pad) // 2))
     raise_like_torch(torch.ops.aten._pad_circular.default, (x, pad), {})
     if simulated_ranks((x,), {}) and not ranks.simulated():
         return _decompose_circular(x, pad)  # LocalTensors outside their mode: torch's own

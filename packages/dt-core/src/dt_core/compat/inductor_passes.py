@@ -194,8 +194,10 @@ def remove_graph_pass(stage: PassStage, graph_pass: Any) -> None:
         del _managed[setting]
         before = _user_value_before.pop(setting, None)
         # Unchanged since activation: give back the user's very object (None, a pass, a list).
-        if as_list(before) != user:  # the user set passes meanwhile: keep theirs
-            before = user if takes_pass_lists() or len(user) > 1 else (user or [None])[0]
+        if as_list(before) != user:  # the user set passes meanwhile: keep theirs, as a
+            # list, or as the one pass (or None) an older Inductor takes per setting
+            one_pass = not takes_pass_lists() and len(user) <= 1
+            before = (user[0] if user else None) if one_pass else user
         setattr(config, setting, before)
         if not _managed and isinstance(config, _guard_class):  # type: ignore[arg-type]  # set with the guard
             object.__setattr__(config, "__class__", _unguarded_class)
