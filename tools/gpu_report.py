@@ -11,6 +11,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from junit_outcomes import outcome
+
 # Test function -> what the report calls the check; the test's parameters follow.
 CHECKS = {
     "test_conv_pool_pad_interpolate_on_cuda": "dt-conv conv net, sharded",
@@ -36,13 +38,7 @@ def read_junit(path: Path) -> list[dict[str, Any]]:
     for case in ET.parse(path).getroot().iter("testcase"):
         row: dict[str, Any] = {"test": case.get("name", ""), "seconds": float(case.get("time", 0))}
         row["name"] = check_name(row["test"])
-        row["result"], row["message"] = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            found = case.find(tag)
-            if found is not None:
-                message = found.get("message", "") or (found.text or "")
-                row["result"] = {"failure": "failed"}.get(tag, tag)
-                row["message"] = message.strip().splitlines()[0] if message.strip() else ""
+        row["result"], row["message"] = outcome(case)
         if row["result"] == "skipped" and UNSUPPORTED in row["message"]:
             row["result"] = UNSUPPORTED
         for prop in case.iter("property"):

@@ -22,6 +22,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from junit_outcomes import outcome
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "build" / "test-results"
 README = ROOT / "README.md"
@@ -37,16 +39,8 @@ def counts(xml: Path) -> dict[str, int]:
     """passed / failed / errors / skipped / xfailed of one JUnit file."""
     found = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "xfailed": 0}
     for case in ET.parse(xml).getroot().iter("testcase"):
-        outcome = "passed"
-        for child in case:
-            if child.tag == "failure":
-                outcome = "failed"
-            elif child.tag == "error":
-                outcome = "errors"
-            elif child.tag == "skipped":
-                xfail = "xfail" in (child.get("type", "") + child.get("message", ""))
-                outcome = "xfailed" if xfail else "skipped"
-        found[outcome] += 1
+        result, _ = outcome(case)
+        found["errors" if result == "error" else result] += 1
     return found
 
 
