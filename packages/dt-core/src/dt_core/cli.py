@@ -123,7 +123,8 @@ def _stats(args: argparse.Namespace) -> int:
     return code
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, on its own: the documentation renders its reference from it."""
     parser = argparse.ArgumentParser(prog="dt-plugins", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     list_parser = commands.add_parser("list", help="table of the installed plugins")
@@ -139,7 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats_parser.set_defaults(run=_stats)
     check_parser = commands.add_parser("check", help="exit non-zero when something is wrong")
     check_parser.set_defaults(run=_check)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     import warnings
 
     # Failures are reported by the command itself; the import-time warnings repeat them.

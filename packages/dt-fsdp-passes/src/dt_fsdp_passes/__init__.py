@@ -36,6 +36,11 @@ _LAZY = {
 __getattr__ = lazy_exports(__name__, _LAZY)
 
 
+def __dir__() -> list[str]:
+    """The lazy names too, so `dir()`, completion and the API reference see them."""
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
     "FsdpPassSettings",
     "MixedPrecision",

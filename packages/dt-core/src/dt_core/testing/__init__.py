@@ -4,11 +4,13 @@ Use the pytest plugin (`@pytest.mark.ranks(n)`, the `dist_world` fixture) or cal
 `get_world(n).run(fn)` / `run_on_ranks(fn)` directly; `cpu_mesh` builds meshes on the ranks.
 `simulated_ranks(n)` runs N ranks in this one process instead (torch's LocalTensorMode).
 Modules imported on their own:
+
 - `torch_state`: snapshots of the torch state dt-core installs into, to check that
   `deactivate()` gives back torch's own objects.
 - `compiled`: Inductor's generated code, compile-cache events, compiles with caches off.
 - `scripts`: `run_python(script)` in a fresh interpreter.
 - `demo_stage`: the demo's stage-result format and its check.
+
 Importing any of them imports no torch; their functions do when called.
 """
 
