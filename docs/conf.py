@@ -43,7 +43,8 @@ napoleon_numpy_docstring = False
 nitpicky = True
 nitpick_ignore_regex = [
     # torch, pluggy and the standard library are documented elsewhere (offline build).
-    (r"py:.*", r"(torch|pluggy|numpy|collections|contextlib|typing|types|argparse|enum|mmap|multiprocessing)(\..*)?"),
+    (r"py:.*", r"(torch|pluggy|numpy|mmap|multiprocessing)(\..*)?"),
+    (r"py:.*", r"(collections|contextlib|typing|types|argparse|enum)(\..*)?"),
     (r"py:.*", r"(Any|Callable|Iterator|Iterable|Mapping|Sequence|Generator|Self|T|F|P)"),
     (r"py:.*", r"(Tensor|DTensor|DeviceMesh|ProcessGroup|Placement|OpOverload|Module)"),
     (r"py:.*", r"(Path|pathlib\..*|Literal\[.*|NoneType|Exception|RuntimeError|ValueError)"),
