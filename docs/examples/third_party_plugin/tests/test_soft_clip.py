@@ -1,0 +1,46 @@
+"""The plugin's tests, with dt-core's pytest plugin (`ranks` marker: real CPU ranks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_dt_core_found_and_activated_the_plugin() -> None:
+    import dt_core
+
+    (info,) = [p for p in dt_core.plugins() if p.name == "soft-clip"]
+    assert info.state == "active", info.reason
+    assert info.distribution == "dt-soft-clip"
+    assert "dt_soft_clip::soft_clip" in info.ops
+
+
+def test_plain_tensors() -> None:
+    x = torch.tensor([-100.0, 0.0, 1.0])
+    y = torch.ops.dt_soft_clip.soft_clip(x, 2.0)
+    torch.testing.assert_close(y, 2.0 * torch.tanh(x / 2.0))
+
+
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_sharded_input_stays_sharded(dim: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2,))
+    full = torch.arange(24.0).reshape(4, 6) - 12
+    y = torch.ops.dt_soft_clip.soft_clip(distribute_tensor(full, mesh, [Shard(dim)]), 5.0)
+    assert y.placements == (Shard(dim),)
+    torch.testing.assert_close(y.full_tensor(), torch.ops.dt_soft_clip.soft_clip(full, 5.0))
+
+
+@pytest.mark.ranks(2)
+def test_partial_input_is_reduced_first() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial
+
+    mesh = init_device_mesh("cpu", (2,))
+    local = torch.full((3,), 2.0)  # each rank holds 2: the pending sum is 4
+    y = torch.ops.dt_soft_clip.soft_clip(DTensor.from_local(local, mesh, [Partial()]), 3.0)
+    assert not any(p.is_partial() for p in y.placements)  # reduced (or reduce-scattered)
+    torch.testing.assert_close(y.full_tensor(), 3.0 * torch.tanh(torch.full((3,), 4.0) / 3.0))
