@@ -148,3 +148,36 @@ def test_header_says_when_each_package_was_measured(tools: tuple[ModuleType, Mod
     assert "torch 2.13.0+cpu:\n\n- date: 2026-11-25\n- load 3.9\n- mode: full" in report.render(
         [run], Path()
     )
+
+
+FAKE_BENCH = """\
+import json, sys
+print("row one", flush=True)
+print("row two", flush=True)
+json.dump({"package": "dt-fake", "rows": []}, open(sys.argv[2], "w"))
+"""
+
+
+def test_a_benchmark_s_lines_reach_the_console_while_it_runs(
+    tools: tuple[ModuleType, ModuleType], tmp_path: Path
+) -> None:
+    """bench:report shows each row a benchmark prints when it prints it (a benchmark runs
+    for minutes), and still reads its JSON result."""
+    _, report = tools
+    bench = tmp_path / "packages" / "dt-fake" / "benchmarks" / "run.py"
+    bench.parent.mkdir(parents=True)
+    bench.write_text(FAKE_BENCH)
+    seen: list[str] = []
+    result = report.run_package(bench, quick=False, timeout=60, say=seen.append)
+    assert seen == ["row one", "row two"]
+    assert result["package"] == "dt-fake" and result["elapsed_s"] > 0
+
+
+def test_a_benchmark_that_runs_too_long_is_stopped(
+    tools: tuple[ModuleType, ModuleType], tmp_path: Path
+) -> None:
+    _, report = tools
+    seen: list[str] = []
+    command = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"]
+    code, out, _ = report.run_streamed(command, timeout=1, say=seen.append)
+    assert code is None and seen == ["started"] and out == "started\n"

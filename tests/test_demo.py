@@ -1,5 +1,6 @@
-"""The demo (tools/demo.py) runs under torchrun at a small size, and its exit code says
-whether every stage matched its reference."""
+"""The demo (tools/demo.py) runs under torchrun at a small size, its exit code says
+whether every stage matched its reference, and its console is never quiet for long: a
+phase that prints nothing gets reminders with its elapsed time."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -19,8 +21,8 @@ PLUGINS = {
 }
 
 
-def run_demo(*args: str) -> subprocess.CompletedProcess:
-    """torchrun of the demo on 2 ranks; `args` must include `--out`."""
+def demo_command(*args: str) -> tuple[list[str], dict[str, str]]:
+    """torchrun of the demo on 2 ranks, and its environment; `args` must include `--out`."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "tests"), OMP_NUM_THREADS="1")
     cmd = [
         sys.executable,
@@ -32,7 +34,26 @@ def run_demo(*args: str) -> subprocess.CompletedProcess:
         str(ROOT / "tools" / "demo.py"),
         *args,
     ]
+    return cmd, env
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess:
+    cmd, env = demo_command(*args)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def timed_lines(*args: str) -> tuple[int, list[tuple[float, str]]]:
+    """The demo's exit code and its console lines, each with when it arrived."""
+    cmd, env = demo_command(*args)
+    lines = []
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as demo:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+        code = demo.wait(timeout=300)
+    return code, lines
 
 
 def rank_log_tails(out: Path, lines: int = 40) -> str:
@@ -60,6 +81,11 @@ def test_small_demo_passes_every_installed_stage(tmp_path: Path) -> None:
     # The console holds progress lines and the table only; ranks' chatter is in the logs.
     shown = [line for line in done.stdout.splitlines() if line.strip()]
     allowed = ("dt-plugins demo:", "[", "|", "all stages", "written:", "rank logs")
+    # Every stage of the four plugins announces its phases.
+    for package, module in PLUGINS.items():
+        if find_spec(module) is not None:
+            phases = [line for line in shown if line.startswith("[") and f"] {package}: " in line]
+            assert len(phases) >= 4, (package, shown)  # 3 phases or more, then the result
     assert all(line.startswith(allowed) for line in shown), done.stdout
     assert done.stderr.strip() == "", done.stderr
     assert (tmp_path / "rank-0.log").exists() and (tmp_path / "rank-1.log").exists()
@@ -82,3 +108,26 @@ def test_a_stage_that_mismatches_on_one_rank_fails_the_demo(tmp_path: Path) -> N
     # The traceback went to the rank logs, not the console.
     assert "Traceback" not in done.stdout
     assert "raised on purpose" in (tmp_path / "rank-0.log").read_text()
+
+
+def test_a_quiet_phase_gets_reminders_with_its_elapsed_time(tmp_path: Path) -> None:
+    """A stage phase that prints nothing for 4 s (tests/demo_slow_stage.py): with a
+    0.5 s heartbeat no gap between console lines comes near those 4 s, and the reminders
+    name the phase and how long it has run."""
+    from demo_slow_stage import QUIET_S
+
+    code, lines = timed_lines(
+        "--size", "small", "--out", str(tmp_path), "--heartbeat", "0.5",
+        "--stages", "demo_slow_stage",
+    )  # fmt: skip
+    text = "\n".join(line for _, line in lines)
+    assert code == 0, text + rank_log_tails(tmp_path)
+    assert "[1/1] demo_slow_stage: sleeping on purpose (a fake slow phase)" in text
+    reminders = [line for _, line in lines if "sleeping on purpose: " in line]
+    assert len(reminders) >= 3, text
+    assert reminders[-1].startswith("[1/1] demo_slow_stage: ") and "s so far" in reminders[-1]
+    # The reminders count up: the last one is later in the phase than the first.
+    seconds = [int(line.rsplit(": ", 1)[1].split()[0]) for line in reminders]
+    assert seconds == sorted(seconds) and seconds[-1] >= QUIET_S - 1.5, reminders
+    gaps = [b - a for (a, _), (b, _) in zip(lines, lines[1:], strict=False)]
+    assert max(gaps) < QUIET_S / 2, (max(gaps), text)

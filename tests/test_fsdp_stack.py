@@ -579,6 +579,9 @@ def test_stack_stage_loss_curve_equals_one_process() -> None:
     result = run_stack_stage(small=True)
     assert result["ok"] and result["max_error"] <= result["tolerance"], result
     sharded, single = result["losses"], result["reference_losses"]
-    assert len(sharded) == len(single) == 4
+    assert len(sharded) == len(single) == 8
     assert max(abs(a - b) for a, b in zip(sharded, single, strict=True)) <= 1e-5, result
-    assert single[-1] < single[0], "the demo should train: loss did not go down"
+    # The picture must show training: the loss falls visibly, step after step (a task it
+    # cannot learn, as random targets were, wanders instead).
+    assert single[-1] < 0.6 * single[0], single
+    assert sum(b < a for a, b in zip(single, single[1:], strict=False)) >= 6, single

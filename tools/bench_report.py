@@ -21,9 +21,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from heartbeat import DEFAULT_INTERVAL_S, Heartbeat
 
 ROOT = Path(__file__).resolve().parent.parent
 PLOTS = Path("docs") / "benchmarks"
@@ -56,24 +60,63 @@ def machine_info() -> list[str]:
     ]
 
 
+def run_streamed(
+    cmd: list[str], timeout: float, say: Callable[[str], None]
+) -> tuple[int | None, str, str]:
+    """Run `cmd`, handing each line of its stdout to `say` as it comes (a benchmark's rows
+    reach the console while it runs); its exit code (None: killed after `timeout` s),
+    stdout and stderr."""
+    expired = threading.Event()
+    with (
+        tempfile.TemporaryFile("w+") as err,
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1) as proc,
+    ):
+
+        def kill() -> None:
+            expired.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        lines = []
+        try:
+            assert proc.stdout is not None  # piped above
+            for line in proc.stdout:
+                lines.append(line)
+                say(line.rstrip("\n"))
+            code = proc.wait()
+        finally:
+            timer.cancel()
+        err.seek(0)
+        return (None if expired.is_set() else code), "".join(lines), err.read()
+
+
+def _ignore(line: str) -> None:
+    """Where a benchmark's lines go when nobody watches (bench_compare's rounds)."""
+
+
 def run_package(
-    bench: Path, quick: bool, timeout: int, python: str = sys.executable
+    bench: Path,
+    quick: bool,
+    timeout: int,
+    python: str = sys.executable,
+    say: Callable[[str], None] = _ignore,
 ) -> dict[str, Any]:
     """One package's benchmark in a fresh interpreter (this one's torch unless `python` is
-    another environment's); failures become a report row."""
+    another environment's), its printed lines handed to `say`; failures become a report
+    row."""
     package = bench.parent.parent.name
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [python, str(bench), "--json", str(out)] + (["--quick"] if quick else [])
         start = time.perf_counter()
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
+        code, stdout, stderr = run_streamed(cmd, timeout, say)
+        if code is None:
             return {"package": package, "error": f"timed out after {timeout} s"}
         elapsed = time.perf_counter() - start
-        if done.returncode != 0 or not out.exists():
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            return {"package": package, "error": " / ".join(tail) or f"exit {done.returncode}"}
+        if code != 0 or not out.exists():
+            tail = (stderr or stdout).strip().splitlines()[-3:]
+            return {"package": package, "error": " / ".join(tail) or f"exit {code}"}
         result = json.loads(out.read_text())
     result["elapsed_s"] = elapsed
     return result
@@ -272,6 +315,28 @@ def render_comparison(compare: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def run_benchmarks(
+    only: list[str] | None, quick: bool, timeout: int, beat: Heartbeat
+) -> list[dict[str, Any]]:
+    """Every chosen benchmark, one after another; the console names each while it runs
+    (compiles inside a benchmark print nothing for minutes) and shows the rows it prints."""
+    results = []
+    if not only or "dt-core" in only:
+        beat.phase("import time ...", prefix="dt-core: ")
+        results.append(import_time(quick))
+    for bench in sorted(ROOT.glob("packages/*/benchmarks/run.py")):
+        package = bench.parent.parent.name
+        if only and package not in only:
+            continue
+        where = bench.relative_to(ROOT)
+        beat.phase(f"running {where}", note="compiles print nothing", prefix=f"{package}: ")
+        results.append(run_package(bench, quick, timeout, say=beat.say))
+        status = results[-1].get("error") or f"{results[-1]['elapsed_s']:.0f} s"
+        beat.phase(f"done, {status}" if "error" not in results[-1] else f"FAILED: {status}")
+    beat.quiet_phase("writing the report", prefix="")
+    return results
+
+
 def load_runs(folder: Path) -> list[dict[str, Any]]:
     """The latest saved run of every torch release, oldest release first."""
     runs = [json.loads(p.read_text()) for p in sorted(folder.glob("torch-*.json"))]
@@ -288,6 +353,13 @@ def main() -> int:
         "--render-only", action="store_true", help="rewrite the report from saved runs"
     )
     parser.add_argument("--runs", default=str(ROOT / "build" / "bench"), help="saved runs")
+    parser.add_argument(
+        "--heartbeat",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="SECONDS",
+        help="longest quiet stretch: then the running benchmark is named with its time",
+    )
     args = parser.parse_args()
     out, saved = Path(args.out), Path(args.runs)
     results: list[dict[str, Any]] = []
@@ -295,18 +367,8 @@ def main() -> int:
         import torch
 
         machine = machine_info()
-        benches = sorted(ROOT.glob("packages/*/benchmarks/run.py"))
-        if not args.only or "dt-core" in args.only:
-            print("dt-core: import time ...", flush=True)
-            results.append(import_time(args.quick))
-        for bench in benches:
-            package = bench.parent.parent.name
-            if args.only and package not in args.only:
-                continue
-            print(f"{package} ...", flush=True)
-            results.append(run_package(bench, args.quick, args.timeout))
-            status = results[-1].get("error") or f"{results[-1]['elapsed_s']:.0f} s"
-            print(f"{package}: {status}", flush=True)
+        with Heartbeat(interval=args.heartbeat) as beat:
+            results += run_benchmarks(args.only, args.quick, args.timeout, beat)
         run = {
             "torch": torch.__version__,
             "machine": machine,

@@ -16,7 +16,11 @@ generation, which on 2 CPU cores is most of the demo's time (the test suite's ru
 own tests compile its ops with Inductor). Stages whose feature is an Inductor pass
 (dt-fsdp-passes) always use Inductor.
 
-The console gets one progress line per stage and the closing table, nothing else: every
+The console gets progress lines and the closing table, nothing else: each stage's start
+and end, the phases a stage announces (a stage taking a `progress` argument is given a
+callable: `progress("compiling the sharded UNet with Inductor", note="...")`), and,
+whenever rank 0 has printed nothing for `--heartbeat` seconds, the current phase with
+its elapsed time (tools/heartbeat.py), so a long compile never looks like a hang. Every
 rank's own output (torch's warnings, a failing stage's traceback) goes to
 `DIR/rank-N.log`, named at the end. The table is also written to `DIR/results.md` and
 `DIR/results.json`, next to the plots (`DIR/speedup.png`, and `DIR/loss-<stage>.png` for
@@ -36,7 +40,12 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import demo_plots
+from heartbeat import DEFAULT_INTERVAL_S, Heartbeat
 
 # (row label, demo module, stage function, ranks it needs a multiple of, other plugins)
 STAGES = [
@@ -50,11 +59,23 @@ STAGES = [
 
 
 _console = sys.stdout  # replaced by a handle on the real terminal once logs are redirected
+_heartbeat: Heartbeat | None = None  # rank 0's, once the console is known
 
 
 def _say(message: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    if _heartbeat is not None:
+        _heartbeat.say(message)
+    else:
         print(message, file=_console, flush=True)
+
+
+def _progress(text: str, note: str = "") -> None:
+    """What a stage calls to announce a phase; rank 0 prints it (the others run the same
+    phases in step, so one voice suffices)."""
+    if _heartbeat is not None and int(os.environ.get("RANK", "0")) == 0:
+        _heartbeat.phase(text, note)
 
 
 def _redirect_rank_output(out: Path) -> Path:
@@ -99,6 +120,7 @@ def _run_stage(
     multiple: int = 1,
     requires: tuple[str, ...] = (),
     compile_backend: str = "inductor",
+    progress: Callable[..., None] = _progress,
 ) -> dict:
     """The stage's result; a stage that raises reports the error instead of stopping us."""
     import torch.distributed as dist
@@ -116,9 +138,12 @@ def _run_stage(
     except ModuleNotFoundError as error:
         return {"ok": False, "error": f"no demo stage: {error}"}
     stage = getattr(module, function)
-    options: dict = {"small": small}
-    if "backend" in inspect.signature(stage).parameters:
+    options: dict[str, Any] = {"small": small}
+    parameters = inspect.signature(stage).parameters
+    if "backend" in parameters:
         options["backend"] = compile_backend
+    if "progress" in parameters:
+        options["progress"] = progress
     start = time.perf_counter()
     try:
         result = dict(stage(**options))
@@ -130,7 +155,7 @@ def _run_stage(
         result["loss_curve"] = {
             "sharded": result.pop("losses"),
             "reference": result.pop("reference_losses"),
-            "label": f"{dist.get_world_size()} ranks",
+            "label": f"sharded over {dist.get_world_size()} ranks",
         }
     flags = [None] * dist.get_world_size()
     dist.all_gather_object(flags, bool(result.get("ok")))
@@ -176,61 +201,19 @@ def _table(rows: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
-def _plot(rows: list[tuple[str, dict]], out: Path) -> list[Path]:
-    """Speed-up per stage, and each reported loss curve against its reference."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    done = [(p, r) for p, r in rows if r.get("time_s") and "error" not in r]
-    timed = [(p, r) for p, r in done if r.get("baseline_time_s")]
-    written = []
-    if timed:
-        fig, ax = plt.subplots(figsize=(6.4, 0.6 + 0.55 * len(timed)))
-        names = [p for p, _ in timed][::-1]
-        ratios = [r["baseline_time_s"] / r["time_s"] for _, r in timed][::-1]
-        bars = ax.barh(names, ratios, color=["#3b7dd8" if x >= 1 else "#d8823b" for x in ratios])
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        for bar, (_, r) in zip(bars, timed[::-1], strict=True):
-            label = f" {bar.get_width():.2f}x  (max err {r['max_error']:.1e})"
-            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center")
-        ax.set_xlabel("speed-up: time without the plugin / time with it (same run)")
-        ax.set_xlim(0, max(ratios) * 1.6)
-        fig.tight_layout()
-        written.append(out / "speedup.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
-    for package, r in done:
-        curve = r.get("loss_curve")
-        if not curve:
-            continue
-        fig, ax = plt.subplots(figsize=(5.4, 3.4))
-        ax.plot(curve["reference"], "o-", label="one process (reference)")
-        ax.plot(curve["sharded"], "x--", label=curve.get("label", "sharded"))
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.legend()
-        fig.tight_layout()
-        written.append(out / f"loss-{package.replace(' ', '-')}.png")
-        fig.savefig(written[-1], dpi=110)
-        plt.close(fig)
-    return written
-
-
-def _write_results(rows: list[tuple[str, dict]], table: str, out: Path) -> list[Path]:
+def _write_results(
+    rows: list[tuple[str, dict]], table: str, out: Path, run: demo_plots.RunInfo
+) -> list[Path]:
     (out / "results.md").write_text(table + "\n")
     plain = {
         p: {k: v for k, v in r.items() if isinstance(v, str | int | float | bool | dict)}
         for p, r in rows
     }
     (out / "results.json").write_text(json.dumps(plain, indent=1, default=str) + "\n")
-    return [out / "results.md", *_plot(rows, out)]
+    return [out / "results.md", *demo_plots.plot(rows, out, run)]
 
 
-def main() -> int:
+def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=["small", "full"], default="full")
     parser.add_argument(
@@ -245,10 +228,32 @@ def main() -> int:
         default="inductor",
         help="torch.compile backend of the stages that take one (dt-conv's UNet)",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--heartbeat",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="SECONDS",
+        help="longest quiet stretch: then the current phase is printed with its elapsed time",
+    )
+    return parser.parse_args()
+
+
+def main() -> int:
+    global _heartbeat
+    args = _parse()
     out = args.out.resolve()
     log = _redirect_rank_output(out)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return _main(args, out, log)
+    _heartbeat = Heartbeat(_console, args.heartbeat)
+    _heartbeat.quiet_phase("starting the process group", prefix="dt-plugins demo: ")
+    with _heartbeat:
+        return _main(args, out, log)
+
+
+def _main(args: argparse.Namespace, out: Path, log: Path) -> int:
     _init()
+    import torch
     import torch.distributed as dist
 
     stages = [(m, m, "run_stage", 1, ()) for m in args.stages] if args.stages else STAGES
@@ -256,11 +261,14 @@ def main() -> int:
     backend = dist.get_backend()
     _say(
         f"dt-plugins demo: {world} ranks, {backend}, size {args.size}, "
-        f"compile backend {args.compile_backend}"
+        f"compile backend {args.compile_backend}, torch {torch.__version__}"
     )
     rows = []
     for i, (package, module, function, multiple, requires) in enumerate(stages, 1):
-        _say(f"[{i}/{len(stages)}] {package} ...")
+        prefix = f"[{i}/{len(stages)}] {package}"
+        _say(f"{prefix} ...")
+        if _heartbeat is not None:
+            _heartbeat.quiet_phase("running", prefix=f"{prefix}: ")
         result = _run_stage(
             module, args.size == "small", function, multiple, requires, args.compile_backend
         )
@@ -270,8 +278,10 @@ def main() -> int:
             status = f"FAILED ({result['error']})"
         else:
             status = "ok" if result["ok"] else "MISMATCH vs reference"
-        _say(f"[{i}/{len(stages)}] {package}: {status} ({result.get('wall_s', 0):.1f} s)")
+        _say(f"{prefix}: {status} ({result.get('wall_s', 0):.1f} s)")
         rows.append((package, result))
+    if _heartbeat is not None:
+        _heartbeat.quiet_phase("writing the table and plots", prefix="dt-plugins demo: ")
     table = _table(rows)
     _say("")
     _say(table)
@@ -279,7 +289,8 @@ def main() -> int:
     passed = bool(ran) and all(r["ok"] for r in ran)
     _say(f"\n{'all stages matched their references' if passed else 'SOME STAGES FAILED'}")
     if dist.get_rank() == 0:
-        written = _write_results(rows, table, out)
+        run = demo_plots.RunInfo(world, backend, args.size, torch.__version__)
+        written = _write_results(rows, table, out, run)
         _say("written: " + ", ".join(os.path.relpath(p) for p in written))
     _say(f"rank logs (torch's warnings, tracebacks): {log.parent}/rank-*.log")
     # Rank 0 writes files and plots while the others are done: without a barrier they

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build_dists  # noqa: E402  (a sibling script, not an installed module)
+from heartbeat import Heartbeat  # noqa: E402  (likewise)
 
 ROOT = build_dists.ROOT
 CONSTRAINTS = ROOT / "tools" / "constraints.txt"
@@ -83,7 +84,11 @@ def ours_installed() -> set[str]:
 
 
 def pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", *args], check=True)
+    """pip, quiet (-q), with the console reminded what runs: a first editable install of
+    every package takes ~40 s on 2 cores, which would otherwise look like a hang."""
+    with Heartbeat(interval=15) as beat:
+        beat.quiet_phase(f"pip {args[0]}", prefix="install_packages: ")
+        subprocess.run([sys.executable, "-m", "pip", *args], check=True)
 
 
 def torch_constraints() -> Path:

@@ -10,6 +10,7 @@ the image, then run the compiled unsharded model on every rank.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal, cast
 
 import torch
@@ -63,10 +64,23 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def run_stage(small: bool = True, backend: str = "inductor") -> dict:
+def _silent(text: str, note: str = "") -> None:
+    """The phases of a stage run without the demo's console."""
+
+
+def _compile_note(backend: str) -> str:
+    if backend == "inductor":
+        return "minutes on a first run on this machine, seconds once Inductor has cached it"
+    return ""
+
+
+def run_stage(
+    small: bool = True, backend: str = "inductor", progress: Callable[..., None] = _silent
+) -> dict:
     """The demo's UNet stage: one training step, sharded and compiled by `backend`
     (Inductor in the demo; tests of the stage alone may pass a cheaper one), against the
-    unsharded step."""
+    unsharded step. `progress(text, note=...)` is told each phase as it starts: the
+    compiles take minutes and the demo's console says what is running."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
 
@@ -87,17 +101,20 @@ def run_stage(small: bool = True, backend: str = "inductor") -> dict:
     xd = distribute_tensor(x, mesh, [Shard(2)])
     td = distribute_tensor(target, mesh, [Shard(2)])
 
+    progress(f"one training step of the UNet on a {side}x{side} image, unsharded and sharded")
     loss_ref, grads_ref = _step(ref, x, target)
     sent = halo.counters.get("bytes_sent")  # counted in Python: eager steps only
     eager_loss, eager_grads = _step(sharded, xd, td)
     sent = halo.counters.get("bytes_sent") - sent
     eager_elapsed = _timed(lambda: _step(sharded, xd, td))
     compiled = _compiled(sharded, backend)
+    progress(f"compiling the sharded UNet with {backend}", note=_compile_note(backend))
     _step(compiled, xd, td)  # compiles
     elapsed = _timed(lambda: _step(compiled, xd, td))
     loss, grads = _step(compiled, xd, td)
 
     compiled_ref = _compiled(ref, backend)
+    progress(f"compiling the unsharded UNet with {backend} (the baseline without dt-conv)")
     _step(compiled_ref, x, target)  # compiles
     # without the plugin: gather the image, then the compiled unsharded step on every rank
     baseline = _timed(lambda: _step(compiled_ref, xd.full_tensor(), td.full_tensor()))
@@ -124,6 +141,7 @@ def run_stage(small: bool = True, backend: str = "inductor") -> dict:
         "time_s": timing[0].item(),
         "baseline_time_s": timing[1].item(),
         "bytes_communicated": int(timing[2].item()),
+        "size": f"UNet width {width}, image 2x2x{side}x{side}",
         "details": f"image 2x2x{side}x{side} Shard(2), {dtype}, {backend} fullgraph; "
         f"eager sharded step {timing[3].item():.4f} s; baseline: gather the image and run "
         "the compiled unsharded step on every rank",

@@ -9,6 +9,7 @@ without the plugin: gather the whole sequence on every rank and run SDPA there.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -46,7 +47,13 @@ def _gather_baseline(local: list[torch.Tensor], ranks: int, device: torch.device
     return time.perf_counter() - start
 
 
-def run_stage(small: bool = True) -> dict:
+def _silent(text: str, note: str = "") -> None:
+    """The phases of a stage run without the demo's console."""
+
+
+def run_stage(small: bool = True, progress: Callable[..., None] = _silent) -> dict:
+    """The demo's attention stage; `progress(text, note=...)` is told each phase as it
+    starts, for the demo's console."""
     from torch.distributed.device_mesh import init_device_mesh
 
     import dt_cp
@@ -63,10 +70,12 @@ def run_stage(small: bool = True) -> dict:
     )
 
     # Reference: the same step on one process, unsharded.
+    progress(f"causal attention over {seq} tokens unsharded on one process (the reference)")
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
     out_ref = F.scaled_dot_product_attention(ref[0], ref[1], ref[2], is_causal=True)
     (out_ref * g).sum().backward()
 
+    progress(f"the same attention sequence-sharded over {ranks} ranks (ring, head-tail)")
     with dt_cp.settings(algorithm="ring", load_balancer="head_tail"):
         sq, sk, sv = (sharding.shard_sequence(t, mesh, 2) for t in (q, k, v))
         for t in (sq, sk, sv):
@@ -89,6 +98,7 @@ def run_stage(small: bool = True) -> dict:
     error = max((a - b).abs().max().item() for a, b in zip(got, want, strict=True))
 
     # Baseline: gather the sequence to every rank, run unsharded SDPA there.
+    progress("the baseline without dt-cp: gather the sequence, attention on every rank")
     local = [s.to_local().detach().clone().requires_grad_() for s in sharded]
     for _ in range(2):  # the first round warms up, the second is timed
         baseline = _gather_baseline(local, ranks, device)
@@ -110,6 +120,7 @@ def run_stage(small: bool = True) -> dict:
         "time_s": float(timings[0]),
         "baseline_time_s": float(timings[1]),
         "bytes_communicated": int(communicated),
+        "size": f"B={batch} H={heads} S={seq} D={dim}",
         "details": (
             f"B={batch} H={heads} S={seq} D={dim} fp32 on {device.type}; error is max over "
             "out/dq/dk/dv vs unsharded SDPA; baseline all-gathers q/k/v and runs full SDPA "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,6 +22,13 @@ def _device() -> torch.device:
 
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
     return torch.device("cpu")
+
+
+_INDUCTOR_NOTE = "minutes on a first run on this machine, seconds once Inductor has cached it"
+
+
+def _silent(text: str, note: str = "") -> None:
+    """The phases of a stage run without the demo's console."""
 
 
 def _train(
@@ -61,8 +69,9 @@ def _train(
     return times, losses, dt_fsdp_passes.gathered_state(model)
 
 
-def run_stage(small: bool = True) -> dict:
-    """Run on every rank of an initialised process group; returns the same dict on each."""
+def run_stage(small: bool = True, progress: Callable[..., None] = _silent) -> dict:
+    """Run on every rank of an initialised process group; returns the same dict on each.
+    `progress(text, note=...)` is told each phase as it starts, for the demo's console."""
     from dt_fsdp_passes.models import MLP
     from dt_fsdp_passes.passes import pass_log
 
@@ -75,9 +84,13 @@ def run_stage(small: bool = True) -> dict:
     batches = [(torch.randn(4 * world, width), torch.randn(4 * world, width)) for _ in range(steps)]
 
     log_start = len(pass_log())
+    what = f"compiling and training a {depth}-layer MLP under SimpleFSDP"
+    progress(f"{what}, collectives bucketed", note=_INDUCTOR_NOTE)
     times, losses, state = _train(reference, "size", batches, device, lr)
     log = [r for r in pass_log()[log_start:] if r["pass"] == "bucket"]
+    progress(f"{what}, unbucketed (the baseline without the passes)")
     base_times, _, _ = _train(reference, "off", batches, device, lr)
+    progress("the same steps unsharded on one process (the reference)")
 
     ref_opt = torch.optim.SGD(reference.parameters(), lr=lr)
     errors = []
@@ -119,18 +132,36 @@ def run_stage(small: bool = True) -> dict:
         "time_s": time_s,
         "baseline_time_s": baseline_s,
         "bytes_communicated": communicated,
+        "size": f"{depth}-layer MLP width {width}, batch {4 * world}",
         "details": f"{depth}-layer MLP width {width} on {device.type}; baseline: same compiled "
         f"step unbucketed (mode='off'); {counts}",
     }
 
 
-def run_stack_stage(small: bool = True) -> dict:
+def running_mean_batches(
+    steps: int, batch: int, seq: int, dim: int, seed: int = 1
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A learnable sequence task: each position's target is the mean of the inputs up to
+    it. It needs causal attention across the whole sequence, so under context
+    parallelism every rank's targets depend on tokens another rank holds; fresh random
+    inputs every step, so a falling loss means the block learned the rule."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.arange(1, seq + 1, dtype=torch.float32).view(1, seq, 1)
+    batches = []
+    for _ in range(steps):
+        x = torch.randn(batch, seq, dim, generator=gen)
+        batches.append((x, x.cumsum(1) / counts))
+    return batches
+
+
+def run_stack_stage(small: bool = True, progress: Callable[..., None] = _silent) -> dict:
     """FSDP x TP x CP, compiled, on a multiple of 4 ranks: loss curve vs one process.
 
     Mesh (dp, cp, tp) = (world / 4, 2, 2): heads over tp (Colwise q/k/v/fc1, Rowwise
     wo/fc2), sequence over cp (context-parallel attention, dt-cp), simple_fsdp over the
     flattened dp x cp mesh (torchtitan's recipe), the whole block under torch.compile
-    with the bucketing passes.
+    with the bucketing passes. It learns `running_mean_batches` with Adam, so the loss
+    falls step by step, sharded exactly as on one process.
     """
     import copy
 
@@ -149,13 +180,10 @@ def run_stack_stage(small: bool = True) -> dict:
     if world % 4:
         raise ValueError(f"the FSDP x TP x CP stage needs a multiple of 4 ranks, got {world}")
     device = _device()
-    dim, heads, seq = (8, 4, 8) if small else (64, 8, 64)
-    steps, lr = (4 if small else 12), 0.05
+    dim, heads, seq, steps, lr = (16, 4, 16, 8, 0.02) if small else (64, 8, 64, 16, 0.01)
     torch.manual_seed(0)
     reference = ParallelBlock(dim, heads)
-    batches = [
-        (torch.randn(world // 2, seq, dim), torch.randn(world // 2, seq, dim)) for _ in range(steps)
-    ]
+    batches = running_mean_batches(steps, world // 2, seq, dim)
     mesh = init_device_mesh(device.type, (world // 4, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
     from dt_fsdp_passes.compat import flatten_mesh
 
@@ -167,9 +195,13 @@ def run_stack_stage(small: bool = True) -> dict:
     parallelize_module(model, mesh["tp"], plan)
     dt_fsdp_passes.simple_fsdp(model, fsdp_mesh)
     compiled = torch.compile(model)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     dp, cp = mesh["dp"].get_local_rank(), mesh["cp"].get_local_rank()
     losses, times = [], []
+    progress(
+        f"training the FSDP x TP x CP block {steps} steps; the first compiles it with Inductor",
+        note=_INDUCTOR_NOTE,
+    )
     for x, y in batches:
         xs, ys = (t.chunk(world // 4)[dp].chunk(2, dim=1)[cp].to(device) for t in (x, y))
         dist.barrier()
@@ -182,8 +214,9 @@ def run_stack_stage(small: bool = True) -> dict:
         mean = loss.detach().clone()
         dist.all_reduce(mean)  # tp ranks hold the same loss: average over all ranks
         losses.append(mean.item() / world)
+    progress("the same steps unsharded on one process (the reference)")
     ref_losses = []
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=lr)
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=lr)
     for x, y in batches:
         ref_loss = ((reference(x) - y) ** 2).mean()
         ref_loss.backward()
@@ -201,6 +234,7 @@ def run_stack_stage(small: bool = True) -> dict:
     dist.all_reduce(summary, op=dist.ReduceOp.MAX)
     tolerance = 1e-5 if device.type == "cpu" else 1e-3
     curve = ", ".join(f"{a:.5f}/{b:.5f}" for a, b in zip(losses, ref_losses, strict=True))
+    mesh_shape = f"mesh (dp, cp, tp) = ({world // 4}, 2, 2)"
     return {
         "feature": "FSDP x TP x CP block, compiled: loss curve equals one process",
         "ranks": world,
@@ -210,8 +244,10 @@ def run_stack_stage(small: bool = True) -> dict:
         "time_s": float(summary[1]),
         "losses": losses,
         "reference_losses": ref_losses,
-        "details": f"mesh (dp, cp, tp) = ({world // 4}, 2, 2); attention + MLP block, dim {dim}, "
-        f"seq {seq}; loss per step sharded/one process: {curve}",
+        "size": f"{mesh_shape}, dim {dim}, {heads} heads, seq {seq}, batch {world // 2}, "
+        f"Adam lr {lr}",
+        "details": f"{mesh_shape}; attention + MLP block, dim {dim}, seq {seq}, learning the "
+        f"running mean of its inputs; loss per step sharded/one process: {curve}",
     }
 
 

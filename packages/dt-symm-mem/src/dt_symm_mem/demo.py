@@ -7,6 +7,7 @@ checked against the unsharded block on one process.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,8 +35,13 @@ def _timed(fn: Any, repeats: int) -> float:
     return best
 
 
-def run_stage(small: bool = True) -> dict:
-    """One TP MLP step (x -> relu(x W1) W2) with the plugin, unsharded, and with gloo."""
+def _silent(text: str, note: str = "") -> None:
+    """The phases of a stage run without the demo's console."""
+
+
+def run_stage(small: bool = True, progress: Callable[..., None] = _silent) -> dict:
+    """One TP MLP step (x -> relu(x W1) W2) with the plugin, unsharded, and with gloo;
+    `progress(text, note=...)` is told each phase as it starts, for the demo's console."""
     import dt_symm_mem
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -53,6 +59,7 @@ def run_stage(small: bool = True) -> dict:
     x = torch.randn(tokens, hidden, generator=gen, dtype=torch.float64)
     W1 = torch.randn(hidden, ffn, generator=gen, dtype=torch.float64) / hidden**0.5
     W2 = torch.randn(ffn, hidden, generator=gen, dtype=torch.float64) / ffn**0.5
+    progress(f"the MLP block on {tokens}x{hidden} unsharded on one process (the reference)")
     reference = (torch.relu(x @ W1) @ W2).chunk(world)[rank]  # unsharded, one process
 
     dtype = torch.float32
@@ -74,10 +81,12 @@ def run_stage(small: bool = True) -> dict:
         reduce_scatter_single(y_shard, partial, group=group)
         return y_shard
 
+    progress(f"fused all-gather-matmul and matmul-reduce-scatter over {world} ranks")
     got = with_plugin().double().cpu()
     error = torch.tensor([float((got - reference).abs().max())])
     dist.all_reduce(error, op=dist.ReduceOp.MAX)
     repeats = 3 if small else 5
+    progress(f"timing {repeats} steps with the fused ops and with gather + matmul")
     times = torch.tensor([_timed(with_plugin, repeats), _timed(without_plugin, repeats)])
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     tolerance = 1e-4
@@ -93,6 +102,7 @@ def run_stage(small: bool = True) -> dict:
         "time_s": float(times[0]),
         "baseline_time_s": float(times[1]),
         "bytes_communicated": int(bytes_communicated),
+        "size": f"x {tokens}x{hidden}, W1 {hidden}x{ffn}",
         "details": (
             f"x {tokens}x{hidden} sequence-sharded, W1 {hidden}x{ffn} column-parallel, "
             f"W2 {ffn}x{hidden} row-parallel, fp32 vs float64 unsharded reference; baseline "
