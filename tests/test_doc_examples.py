@@ -3,8 +3,9 @@
 Every ```python block of README.md, packages/*/README.md and docs/**/*.md is a whole
 program. One whose first line is `# torchrun --nproc-per-node N ...` runs on a shared world
 of N CPU ranks (dt-core's harness: the process group is already up, so the example's
-`init_device_mesh` takes it); any other runs in a fresh interpreter. Code shown for
-reading only is fenced as ```text or pulled from tested files (`literalinclude`).
+`init_device_mesh` takes it); any other runs in a fresh interpreter. Fragments shown for
+reading only (the guide pages' excerpts) are fenced as ```{code-block} python or ```text,
+or pulled from tested files (`literalinclude`).
 """
 
 from __future__ import annotations
