@@ -1,10 +1,10 @@
 """The main job: every installed plugin's demo stage, checked against its unsharded run.
 
-Launched by torchrun (`hatch run demo` starts 2 CPU ranks on this machine; torchrun's
+Launched by torchrun (`hatch run demo` starts 4 CPU ranks on this machine; torchrun's
 `--nproc-per-node` / `--nnodes` scale it out, and with GPUs the same code runs on NCCL):
 
-    torchrun --standalone --nproc-per-node 2 tools/demo.py [--size small|full] [--out DIR]
-        [--compile-backend inductor|aot_eager]
+    torchrun --standalone --nproc-per-node 4 tools/demo.py [--size small|full] [--out DIR]
+        [--compile-backend inductor|aot_eager] [--heartbeat SECONDS]
 
 Each stage is a plugin's `dt_<name>.demo.run_stage(small)`; a plugin that is not
 installed is shown as such and the others still run. The exit code is 0 only when every
