@@ -322,7 +322,7 @@ def run_benchmarks(
     (compiles inside a benchmark print nothing for minutes) and shows the rows it prints."""
     results = []
     if not only or "dt-core" in only:
-        beat.phase("import time ...", prefix="dt-core: ")
+        beat.phase("measuring import time", prefix="dt-core: ")
         results.append(import_time(quick))
     for bench in sorted(ROOT.glob("packages/*/benchmarks/run.py")):
         package = bench.parent.parent.name

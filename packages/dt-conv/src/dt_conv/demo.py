@@ -70,7 +70,7 @@ def _silent(text: str, note: str = "") -> None:
 
 def _compile_note(backend: str) -> str:
     if backend == "inductor":
-        return "minutes on a first run on this machine, seconds once Inductor has cached it"
+        return "slow on a first run on this machine; Inductor caches its code for the next run"
     return ""
 
 

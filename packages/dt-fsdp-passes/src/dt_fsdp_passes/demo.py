@@ -24,7 +24,7 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-_INDUCTOR_NOTE = "minutes on a first run on this machine, seconds once Inductor has cached it"
+_INDUCTOR_NOTE = "slow on a first run on this machine; Inductor caches its code for the next run"
 
 
 def _silent(text: str, note: str = "") -> None:
