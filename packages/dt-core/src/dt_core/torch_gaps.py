@@ -2,9 +2,8 @@
 one has, filled in as the newer one does, and only where this torch lacks it.
 
 Listed by `dt-plugins list` like any plugin and installed through the same path, so
-`deactivate()` takes it out again. On a torch that has every piece (2.13 on, the
-supported window) it contributes nothing; on 2.11 and 2.12, which the plugins run on
-only with DT_PLUGINS_ALLOW_UNTESTED_TORCH=1, it fills what they would otherwise miss.
+`deactivate()` takes it out again. On a torch that has every piece (2.13 on) it
+contributes nothing; on 2.11 and 2.12 it fills what the plugins would otherwise miss.
 Each piece is found by looking at torch's tables, never by version number:
 
 - a sharding strategy for `aten.detach_` (torch has one from 2.13 on): on 2.11 and 2.12
@@ -17,6 +16,12 @@ Each piece is found by looking at torch's tables, never by version number:
   keep a pending sum. A backward op's arguments name the input's whole size, which a
   shard's local call would contradict, so its shards are gathered first. dt-conv's halo
   path covers shards of the spatial dims; these cover the rest, which torch computes.
+- sharding strategies for pooling (torch has them from 2.12 on, 2.11 none): the same
+  rules for the dims before the pooled ones; a pending sum passes the linear ones.
+- a sharding strategy for `aten.flip` (torch has one from 2.12 on), which `cumsum`'s
+  backward calls: shards of the dims it does not flip stay, a pending sum passes.
+- `constant_pad_nd`'s strategy again, where torch registers it without a cache key
+  (2.11): DTensor then gives a second pad of the same input the first pad's shape.
 """
 
 from __future__ import annotations
@@ -49,6 +54,27 @@ INTERPOLATION_OPS = tuple(
 )
 
 
+# Pooling ops torch 2.12 gives strategies, and whether each is linear (a pending sum
+# passes through). Backward ops take the gradient first; their other tensors are the
+# forward's input (and indices), which a pending-sum gradient needs whole.
+POOL_OPS = {
+    "max_pool1d_with_indices": False,
+    "max_pool2d_with_indices": False,
+    "max_pool3d_with_indices": False,
+    "max_pool2d_with_indices_backward": True,
+    "avg_pool1d": True,
+    "avg_pool2d": True,
+    "avg_pool3d": True,
+    "adaptive_avg_pool1d": True,
+    "_adaptive_avg_pool2d": True,
+    "_adaptive_avg_pool2d_backward": True,
+    "_adaptive_avg_pool3d": True,
+    "adaptive_max_pool1d": False,
+    "adaptive_max_pool2d": False,
+    "adaptive_max_pool3d": False,
+}
+
+
 def _same_layout_in_and_out(args: tuple, layouts: list[Any]) -> list[tuple[list, list]]:
     """For each of `layouts`: the first argument (the tensor in) and the tensor out laid
     out so, the other arguments (sizes, scales) not tensors."""
@@ -73,6 +99,67 @@ def interpolation_backward_placements(*args: Any, **kwargs: Any) -> list[tuple[l
     return _same_layout_in_and_out(args, [Partial("sum"), Partial("avg"), Replicate()])
 
 
+def _is_spec(arg: object) -> bool:
+    return hasattr(arg, "placements") and hasattr(arg, "ndim")
+
+
+def pool_placements(pooled_dims: int, outputs: int, linear: bool) -> Any:
+    """The placements function of a pooling op that pools the last `pooled_dims` dims and
+    returns `outputs` tensors: every tensor shards a dim before the pooled ones alike, or
+    is replicated; for a linear op the first tensor (input or gradient) may also be a
+    pending sum, the others (a backward's forward input, indices) replicated."""
+
+    def placements(*args: Any, **kwargs: Any) -> list[tuple[list, list]]:
+        from torch.distributed.tensor import Partial, Replicate, Shard
+
+        tensors = [i for i, arg in enumerate(args) if _is_spec(arg)]
+        ndim = args[tensors[0]].ndim
+
+        def layout(first: Any, rest: Any, out: Any) -> tuple[list, list]:
+            inputs = [None] * len(args)
+            for i in tensors:
+                inputs[i] = first if i == tensors[0] else rest
+            return [out] * outputs, inputs
+
+        found = [layout(Shard(d), Shard(d), Shard(d)) for d in range(ndim - pooled_dims)]
+        found.append(layout(Replicate(), Replicate(), Replicate()))
+        if linear:
+            found += [layout(p, Replicate(), p) for p in (Partial("sum"), Partial("avg"))]
+        return found
+
+    return placements
+
+
+def constant_pad_placements(*args: Any, **kwargs: Any) -> list[tuple[list, list]]:
+    """`constant_pad_nd(input, pad, value)`: a shard of an unpadded dim stays; a pending
+    sum stays through a zero pad (padding with 0 commutes with the sum)."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    spec, pad = args[0], args[1]
+    value = args[2] if len(args) > 2 else kwargs.get("value", 0)
+    rest = [None] * (len(args) - 1)
+    layouts: list[Any] = [Shard(d) for d in range(spec.ndim - len(pad) // 2)]
+    layouts.append(Replicate())
+    if value == 0:
+        layouts.append(Partial("sum"))
+    return [([p], [p, *rest]) for p in layouts]
+
+
+def flip_placements(*args: Any, **kwargs: Any) -> list[tuple[list, list]]:
+    """`flip(input, dims)`: a shard of a dim not flipped stays; flipping is linear."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    spec, dims = args[0], args[1] if len(args) > 1 else kwargs["dims"]
+    flipped = {d % spec.ndim for d in dims}
+    layouts: list[Any] = [Shard(d) for d in range(spec.ndim) if d not in flipped]
+    layouts += [Replicate(), Partial("sum"), Partial("avg")]
+    return [([p], [p, None]) for p in layouts]
+
+
+def _pooled_dims(name: str) -> int:
+    return next(n for n in (1, 2, 3) if f"{n}d" in name)
+
+
 @hookimpl
 def dt_sharding_strategies() -> list[ShardingStrategy]:
     import torch
@@ -87,4 +174,16 @@ def dt_sharding_strategies() -> list[ShardingStrategy]:
             backward = name.endswith("_backward")
             placements = interpolation_backward_placements if backward else interpolation_placements
             gaps.append(ShardingStrategy(op, placements, kind="placements"))
+    for name, linear in POOL_OPS.items():
+        op = getattr(getattr(torch.ops.aten, name, None), "default", None)
+        if op is not None and not sharding_rules.has_sharding_entry(op):
+            outputs = len(op._schema.returns)
+            pool = pool_placements(_pooled_dims(name), outputs, linear)
+            gaps.append(ShardingStrategy(op, pool, kind="placements"))
+    flip = torch.ops.aten.flip.default
+    if not sharding_rules.has_sharding_entry(flip):
+        gaps.append(ShardingStrategy(flip, flip_placements, kind="placements"))
+    pad = torch.ops.aten.constant_pad_nd.default
+    if sharding_rules.lacks_cache_key(pad):
+        gaps.append(ShardingStrategy(pad, constant_pad_placements, kind="placements"))
     return gaps

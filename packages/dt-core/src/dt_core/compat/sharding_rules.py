@@ -73,7 +73,6 @@ def placement_strategy(op: Any, func: Callable[..., Any]) -> tuple[Callable[...,
     public `register_sharding` expects; this expands them over the whole mesh.
     """
     ensure_supported_torch(CHECKED_WITH_TORCH)
-    import torch
     from torch.distributed.tensor._op_schema import OpStrategy, RuntimeSchemaInfo, TupleStrategy
     from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 
@@ -96,14 +95,22 @@ def placement_strategy(op: Any, func: Callable[..., Any]) -> tuple[Callable[...,
             inplace_op=op_schema.is_inplace_op(),
         )
 
-    # Non-tensor int arguments change the decision, so they belong in the cache key.
-    int_args = [
-        i
-        for i, arg in enumerate(op._schema.arguments)
-        if isinstance(arg.type, (torch.IntType, torch.FloatType, torch.BoolType))
-    ]
-    schema_info = RuntimeSchemaInfo(min(int_args) if int_args else 100, needs_pytree=True)
-    return strategy, schema_info
+    # Every argument from the first non-tensor one on (sizes, scales, pads: lists and
+    # optionals too) belongs in DTensor's cache key: they decide the output's shape, and
+    # a key without them hands a second call the first call's shape.
+    static_argnum = next(
+        (i for i, arg in enumerate(op._schema.arguments) if not _is_tensor_type(arg.type)),
+        len(op._schema.arguments),
+    )
+    return strategy, RuntimeSchemaInfo(static_argnum, needs_pytree=True)
+
+
+def _is_tensor_type(kind: Any) -> bool:
+    import torch
+
+    if isinstance(kind, torch.OptionalType):
+        kind = kind.getElementType()
+    return isinstance(kind, torch.TensorType)
 
 
 # In-place identities that newer torch releases give a strategy and older ones lack
@@ -131,3 +138,13 @@ def missing_identity_strategies() -> list[ShardingStrategy]:
     from torch.distributed.tensor._ops._tensor_ops import propagate_single_input_strategy
 
     return [ShardingStrategy(op, propagate_single_input_strategy) for op in missing]
+
+
+def lacks_cache_key(op: Any) -> bool:
+    """Whether torch registers a full strategy for `op` with no runtime schema info, so
+    DTensor's cache key leaves out its non-tensor arguments: torch 2.11's
+    `constant_pad_nd`, whose second call with another pad reuses the first call's
+    output shape."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    funcs, schema_infos = strategy_tables("strategy")
+    return op in funcs and schema_infos.get(op) is None
