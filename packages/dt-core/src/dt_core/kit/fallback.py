@@ -72,7 +72,8 @@ def reshard_like(full: Any, mesh: Any, like: object) -> Any:
     (strided) shard of a dim `full` has, or a replicate: an output of another rank than
     its input keeps the input's layout where that layout means something for it. A plain
     tensor when `like` is plain (a gradient of a plain tensor); a replicated DTensor when
-    `like` is None, on another mesh, or placed in a way `full` cannot take.
+    `like` is None, on another mesh, or placed in a way `full` (or this torch's
+    redistribute) cannot take.
     """
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate
@@ -88,7 +89,13 @@ def reshard_like(full: Any, mesh: Any, like: object) -> Any:
         return out
     target = [Replicate() if isinstance(p, Partial) else p for p in like.placements]
     if all(_takes(full, p) for p in target):
-        return out.redistribute(mesh, target)
+        try:
+            return out.redistribute(mesh, target)
+        except ValueError:
+            # torch 2.11 cannot order a strided shard that no plain shard precedes
+            # ("unable to be interpreted into a corresponding shard_order"): the full
+            # value stays replicated, as for any layout `full` cannot take.
+            return out
     return out
 
 
