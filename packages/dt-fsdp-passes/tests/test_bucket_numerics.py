@@ -40,6 +40,7 @@ def _run_case(case: tuple) -> dict:
     import dt_fsdp_passes
     import torch
     import torch.distributed as dist
+    from dt_core.compat.tracing import run_ordered_graph
     from dt_fsdp_passes.graph_utils import ALL_GATHER, REDUCE_SCATTER, count_calls, topo_valid
     from dt_fsdp_passes.groups import mark_fsdp_group
     from dt_fsdp_passes.passes import bucket_pass, overlap_pass
@@ -88,8 +89,8 @@ def _run_case(case: tuple) -> dict:
                 raise RuntimeError("graph no longer topologically valid")
             gm.recompile()
             counts[name] = count_calls(gm.graph, ALL_GATHER if name == "ag" else REDUCE_SCATTER)
-        got_ag = gm_ag(*shards)
-        got_rs = gm_rs(*grads)
+        got_ag = run_ordered_graph(gm_ag, *shards)
+        got_rs = run_ordered_graph(gm_rs, *grads)
     finally:
         dt_fsdp_passes.configure(reset=True)
 

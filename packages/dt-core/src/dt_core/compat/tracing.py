@@ -137,3 +137,21 @@ def order_after(graph: Any, extra_deps: Mapping[Any, Sequence[Any]]) -> None:
         else:
             to_wrap[node] = OrderedSet(deps)
     preserve_node_ordering(graph, to_wrap)
+
+
+def run_ordered_graph(graph_module: Any, *args: Any) -> Any:
+    """Run a graph module that `order_after` changed, eagerly (tests check a pass's
+    numbers this way): each control_deps call runs its subgraph, as torch's own eager
+    kernel does where there is one (torch 2.11's control_deps has none)."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    import torch
+    from torch._inductor.fx_passes.control_dependencies import control_deps
+
+    class Eager(torch.fx.Interpreter):
+        def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+            if target is control_deps:
+                _deps, subgraph, *operands = args
+                return subgraph(*operands, **kwargs)
+            return super().call_function(target, args, kwargs)
+
+    return Eager(graph_module).run(*args)
