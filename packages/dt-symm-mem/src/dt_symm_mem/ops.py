@@ -192,14 +192,23 @@ def _float8_dtypes() -> set[torch.dtype]:
     return {getattr(torch, n) for n in names if hasattr(torch, n)}
 
 
-def _check_scaled_inputs(op: str, A: torch.Tensor, Bs: list[torch.Tensor]) -> None:
-    """torch's CPU _scaled_mm takes float8 operands only: say so instead of failing deep."""
+def _check_scaled_inputs(
+    op: str, A: torch.Tensor, Bs: list[torch.Tensor], scales: list[torch.Tensor]
+) -> None:
+    """torch's CPU _scaled_mm takes float8 operands only, and row-wise scales only from
+    torch 2.12 on: say so instead of failing deep."""
     fp8 = _float8_dtypes()
     bad = sorted({str(t.dtype) for t in [A, *Bs] if t.dtype not in fp8})
     if bad:
         raise NotImplementedError(
             f"dt-symm-mem: {op} on CPU needs float8 A and B (torch's CPU _scaled_mm supports "
             f"only float8 operands with tensor-wise or row-wise float32 scales); got {bad}"
+        )
+    if any(s.numel() > 1 for s in scales) and not compat.cpu_scaled_mm_takes_row_scales():
+        raise NotImplementedError(
+            f"dt-symm-mem: {op} on CPU with row-wise scales needs row-wise scaling in "
+            f"torch's CPU _scaled_mm, which torch {torch.__version__} lacks (it takes "
+            "tensor-wise scales only; torch 2.12 and later take both)"
         )
 
 
@@ -239,7 +248,7 @@ def fused_all_gather_scaled_matmul(
             "dt-symm-mem: fused_all_gather_scaled_matmul along the last dim is not supported "
             "(torch does not support it either: row-wise scales do not split along K)"
         )
-    _check_scaled_inputs("fused_all_gather_scaled_matmul", A_shard, Bs)
+    _check_scaled_inputs("fused_all_gather_scaled_matmul", A_shard, Bs, [A_scale, *B_scales])
     dtypes = [_as_dtype(d) for d in out_dtypes]
     group = resolve_group(group_name)
     world = group.size()
@@ -437,7 +446,7 @@ def fused_scaled_matmul_reduce_scatter(
             f"and B {tuple(B.shape)}"
         )
     _check_reduce_op(reduce_op)
-    _check_scaled_inputs("fused_scaled_matmul_reduce_scatter", A, [B])
+    _check_scaled_inputs("fused_scaled_matmul_reduce_scatter", A, [B], [A_scale, B_scale])
     if A_scale.numel() > 1 and A_scale.shape[:-1] != A.shape[:-1]:
         raise ValueError(
             "For row-wise scaling, the leading dims of A_scale must match the leading dims "

@@ -111,6 +111,12 @@ def _merge_settings() -> dict[str, Any]:
 def dt_graph_passes() -> list[GraphPass]:
     from pathlib import Path
 
+    from dt_symm_mem import compat
+
+    # Asked when Inductor is first imported. A graph Inductor loads from its cache calls
+    # the fused ops without this pass running; where torch defines them in Python only
+    # (2.11), they must exist before such a graph runs.
+    compat.ensure_fused_ops_resolvable()
     here = Path(__file__).parent
     sources = [str(here / "compile_pass.py")]
     merge_sources = [str(here / "summed_matmuls.py")]

@@ -67,7 +67,8 @@ def fused_all_gather_scaled_matmul(a: dict[str, Any]) -> tuple[torch.Tensor, lis
             "dt-symm-mem: fused_all_gather_scaled_matmul along the last dim is not supported "
             "(torch does not support it either: row-wise scales do not split along K)"
         )
-    ops._check_scaled_inputs("fused_all_gather_scaled_matmul", A_shard, Bs)
+    scales = [a["A_scale"], *a["B_scales"]]
+    ops._check_scaled_inputs("fused_all_gather_scaled_matmul", A_shard, Bs, scales)
     A = _gather(A_shard, dim, name)
     A_scale = a["A_scale"]
     if ops._scale_mode(A_shard, A_scale, dim, _world(name)) == "row-sharded":
@@ -111,7 +112,8 @@ def fused_scaled_matmul_reduce_scatter(a: dict[str, Any]) -> torch.Tensor:
     if dim < 0 or dim >= len(shape):
         raise ValueError("Invalid scatter dim for 3D+ output tensor")
     ops._check_reduce_op(op)
-    ops._check_scaled_inputs("fused_scaled_matmul_reduce_scatter", A, [B])
+    scales = [a["A_scale"], a["B_scale"]]
+    ops._check_scaled_inputs("fused_scaled_matmul_reduce_scatter", A, [B], scales)
     ops._check_divisible(shape[dim], _world(name), f"output_shape[{dim}]")
     full = _rows_scaled_mm(
         A, B, a["A_scale"], a["B_scale"], bias=a["bias"], scale_result=a["result_scale"],
