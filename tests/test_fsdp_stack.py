@@ -9,6 +9,8 @@ world; dt-conv, dt-cp and dt-symm-mem are active when installed (autoload).
 from __future__ import annotations
 
 import pytest
+import torch
+from dt_core.versions import release
 
 TOL = 1e-5  # fp32: reduction order differs between sharded and unsharded math
 STEPS = 2
@@ -231,10 +233,23 @@ def _fsdp_x_spatial_conv(replicated_params: bool, backend: str | None) -> tuple[
     return _train(reference, model, sharded_step, (4, 2, 8, 6), loss_mesh=mesh["dp"])
 
 
+# torch 2.11 / 2.12 Inductor cannot lower a view in the compiled FSDP x spatial-conv step
+# ("LoweringException: NotImplementedError: View"); 2.13 lowers it.
+INDUCTOR_VIEW_LOWERING = pytest.mark.xfail(
+    release(torch.__version__) < (2, 13),
+    reason="torch 2.11 / 2.12 Inductor: 'LoweringException: NotImplementedError: View' "
+    "lowering the FSDP x spatial conv step; fixed in 2.13",
+    strict=True,
+)
+
+
 @pytest.mark.ranks(4, timeout=600)
 @pytest.mark.parametrize(
     ("replicated_params", "backend"),
-    [pytest.param(True, "inductor", marks=pytest.mark.compile_heavy), (False, "aot_eager")],
+    [
+        pytest.param(True, "inductor", marks=[pytest.mark.compile_heavy, INDUCTOR_VIEW_LOWERING]),
+        (False, "aot_eager"),
+    ],
 )
 def test_fsdp_x_spatial_conv_eager_and_compiled(replicated_params: bool, backend: str) -> None:
     """Inductor once, for DTensor parameters; plain ones differ only in how the traced

@@ -287,17 +287,34 @@ def test_torch_owned_ops_unchanged_by_plugins(layout: tuple[Any, ...]) -> None:
 
     cases = torch_owned_cases(layout)
     expected = [tp.reference(case) for case in cases]
-    runs: dict[bool, list[tp.Result]] = {}
-    for off in (False, True):
-        with tp.plugins_off() if off else contextlib.nullcontext(), simulated_ranks(2):
-            mesh = init_device_mesh("cpu", (2,))
-            runs[off] = [tp.sharded(c, mesh, g) for c, (_, g) in zip(cases, expected)]
+    on: list[tp.Result] = []
+    off: list[tuple[tp.Result | None, BaseException | None]] = []
+    with simulated_ranks(2):
+        mesh = init_device_mesh("cpu", (2,))
+        on = [tp.sharded(c, mesh, g) for c, (_, g) in zip(cases, expected)]
+    with tp.plugins_off(), simulated_ranks(2):
+        mesh = init_device_mesh("cpu", (2,))
+        off = [
+            tp.outcome(lambda c=c, g=g: tp.sharded(c, mesh, g))
+            for c, (_, g) in zip(cases, expected)
+        ]
+        refused = [(c.name, e) for c, (_, e) in zip(cases, off) if e is not None]
+        gaps = {name for name, error in refused if tp.torch_lacks_a_strategy(error)}
     problems = []
-    for i, (case, (want, _)) in enumerate(zip(cases, expected, strict=True)):
-        on, off = runs[False][i], runs[True][i]
-        problems += tp.differences(case, want, on, 2) + tp.differences(case, want, off, 2)
-        if on.placements != off.placements:
-            problems.append(f"{case.name}: placements {on.placements} vs torch's {off.placements}")
+    for case, (want, _), with_plugins, (alone, error) in zip(cases, expected, on, off, strict=True):
+        problems += tp.differences(case, want, with_plugins, 2)
+        if error is not None:
+            # torch alone may refuse only what dt-core's torch-gaps plugin fills: an op
+            # its sharding tables lack (pooling, flip, interpolation backward on 2.11)
+            if case.name not in gaps:
+                problems.append(f"{case.name}: torch alone raises {error!r}")
+            continue
+        assert alone is not None
+        problems += tp.differences(case, want, alone, 2)
+        if with_plugins.placements != alone.placements:
+            problems.append(
+                f"{case.name}: placements {with_plugins.placements} vs torch's {alone.placements}"
+            )
     assert not problems, "\n".join(problems)
 
 

@@ -175,7 +175,7 @@ def test_bad_arguments_and_torch_alone() -> None:
                 problems.append(f"{case.name} (plugins {'off' if off else 'on'}): {problem}")
     sdpa = tp.sdpa_cases(1)[0]
     with tp.plugins_off():
-        problems += tp.check_all_here(tp.upsampling_pattern_cases(1), mesh, 1)
+        problems += tp.check_all_here(tp.upsampling_pattern_cases(1), mesh, 1, torch_alone=True)
         refused = tp.raised(sdpa, mesh)
         if not isinstance(refused, NotImplementedError):
             problems.append(f"torch alone: {sdpa.name} raised {refused!r}")

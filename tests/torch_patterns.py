@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -182,16 +183,36 @@ def check_here(case: Case, mesh: Any, world: int) -> tuple[list[str], list[str]]
     return differences(case, want, got, world), got.fallbacks
 
 
-def check_all_here(cases: Sequence[Case], mesh: Any, world: int) -> list[str]:
+def check_all_here(
+    cases: Sequence[Case], mesh: Any, world: int, torch_alone: bool = False
+) -> list[str]:
     """Every case; one that raises is reported and the others still run (every rank
-    raises alike, so no rank is left in a collective)."""
+    raises alike, so no rank is left in a collective). With `torch_alone` (the plugins
+    deactivated) torch's refusal of an op its own tables lack is its answer, not a
+    problem (interpolation backward on torch 2.11 / 2.12)."""
     problems: list[str] = []
     for case in cases:
         found, error = outcome(lambda c=case: check_here(c, mesh, world)[0])
-        if error is not None:
+        if error is not None and not (torch_alone and torch_lacks_a_strategy(error)):
             found = [f"{case.name}: raised {type(error).__name__}: {error}"]
         problems += found
     return problems
+
+
+_NO_STRATEGY = re.compile(r"Operator (\w+)\.(\w+)\.(\w+) does not have a sharding strategy")
+
+
+def torch_lacks_a_strategy(error: BaseException) -> bool:
+    """Whether `error` is DTensor refusing an op that torch's sharding tables lack right
+    now (asked with the plugins deactivated: the gaps dt-core's torch-gaps plugin fills)."""
+    from dt_core.compat.sharding_rules import has_sharding_entry
+
+    found = _NO_STRATEGY.search(str(error)) if isinstance(error, NotImplementedError) else None
+    if found is None:
+        return False
+    namespace, name, overload = found.groups()
+    op = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    return not has_sharding_entry(op)
 
 
 @contextlib.contextmanager
@@ -448,9 +469,30 @@ def _conv_then(after: Callable[[Any, Any], Any]) -> Callable[..., Any]:
     return run
 
 
+def torch_flattens_a_sharded_inner_dim() -> bool:
+    """Whether torch's own view op flattens dims of which one but the first is sharded
+    (it redistributes from 2.12 on; torch 2.11 refuses: "Attempted to flatten multiple
+    dimensions ... disallowed by the current operator"). Asked of torch alone."""
+    import dt_core
+    from dt_core.testing import simulated_ranks
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with plugins_off() if dt_core.is_active() else contextlib.nullcontext(), simulated_ranks(2):
+        mesh = init_device_mesh("cpu", (2,))
+        sharded = distribute_tensor(torch.zeros(2, 4, 4), mesh, [Shard(2)])
+        try:
+            sharded.flatten(1)
+        except RuntimeError as error:
+            if "without redistribution" not in str(error):
+                raise
+            return False
+    return True
+
+
 def conv_then_torch_ops_cases(lay: tuple[Placement, ...], seed: int = 60) -> list[Case]:
     """torch's own pointwise / view / reduction ops on a sharded conv's output: the
-    plugins hand them a DTensor in the input's layout, torch does the rest."""
+    plugins hand them a DTensor in the input's layout, torch does the rest (a flatten
+    of a W-sharded output only where torch flattens such a layout)."""
     chains: dict[str, Callable[[Any, Any], Any]] = {
         "relu + residual": lambda y, x: F.relu(y) + x,
         "gelu * 2 + sigmoid": lambda y, x: F.gelu(y) * 2 + y.sigmoid(),
@@ -461,6 +503,10 @@ def conv_then_torch_ops_cases(lay: tuple[Placement, ...], seed: int = 60) -> lis
         "mean": lambda y, x: y.mean(),
         "tanh + amax(1)": lambda y, x: y.tanh().amax(dim=1),
     }
+    if any(isinstance(p, Shard) and p.dim == 3 for p in lay) and not (
+        torch_flattens_a_sharded_inner_dim()
+    ):
+        del chains["flatten(2) + softmax(-1)"]
     operands = (
         Operand(randn(2, 4, 8, 6, seed=seed), lay),
         Operand(randn(4, 4, 3, 3, seed=seed + 1)),

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dt_core.testing import cpu_mesh
+from dt_core.versions import release
 
 
 def compare(
@@ -152,6 +153,12 @@ def test_every_op_kind_compiles_fullgraph_on_2_ranks() -> None:
 
 
 @pytest.mark.compile_heavy
+@pytest.mark.xfail(
+    release(torch.__version__)[:2] == (2, 12),
+    reason="torch 2.12 Inductor: its replication_pad2d_backward fails its own stride "
+    "assertion ('expected size 3==3, stride 1==120'), on plain tensors too; fixed in 2.13",
+    strict=True,
+)
 @pytest.mark.ranks(2, timeout=900)
 def test_inductor_compiles_the_sharded_ops() -> None:
     """Every 2-D op kind through Inductor on uneven shards (9 columns on 2 ranks): values
@@ -166,10 +173,12 @@ def test_inductor_compiles_the_sharded_ops() -> None:
         compare, window_ops_2d, mesh, _randn(1, 2, 11, 9), [Shard(3)], ops_params
     )
     # a weight gradient is computed while its conv's input-gradient halo travels home;
-    # convolution_backward's `transposed` argument is followed by output_padding
+    # convolution_backward's `transposed` argument is followed by output_padding, which
+    # Inductor prints as a tuple (a list on torch 2.11)
     backward = _during_exchange(lines, BACKWARD_CALL)
     for transposed in (False, True):
-        assert [ln for ln in backward if f", {transposed}, (" in ln], "\n".join(lines)
+        called = re.compile(rf", {transposed}, [(\[]")
+        assert [ln for ln in backward if called.search(ln)], "\n".join(lines)
     # the interior is computed while the halo arrives
     forward = _during_exchange(lines, FORWARD_CALL)
     for transposed in (False, True):
