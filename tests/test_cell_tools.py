@@ -84,3 +84,30 @@ def test_write_replaces_only_the_marked_block(tools, tmp_path: Path) -> None:
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="markers"):
         support_table.write(readme, "| new |")
+
+
+def test_each_release_lists_its_xfail_reasons_and_recorded_limits(
+    tools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, support_table = tools
+    monkeypatch.setattr(support_table, "RESULTS", tmp_path)
+    _junit(tmp_path / "torch-2.11.0" / "dt-conv.xml", ["passed", "xfailed", "xfailed"])
+    limit = (
+        '<testcase classname="t" name="r"><properties>'
+        '<property name="torch_limit" value="row-wise scales refused"/>'
+        '<property name="other" value="not a limit"/></properties></testcase>'
+    )
+    (tmp_path / "torch-2.11.0" / "dt-symm-mem.xml").write_text(
+        f"<testsuites><testsuite>{limit}</testsuite></testsuites>"
+    )
+    _junit(tmp_path / "torch-2.13.0" / "dt-conv.xml", ["passed"])
+    text = support_table.table()
+    found = text.split("Limits found by the same run:\n\n")[1].split("\n\nFrom ")[0]
+    # the two xfails share their reason: listed once; the other property is no limit
+    assert found.splitlines() == [
+        "- torch 2.11.0: torch bug",
+        "- torch 2.11.0: row-wise scales refused",
+    ]
+    _junit(tmp_path / "torch-2.11.0" / "dt-conv.xml", ["passed"])
+    (tmp_path / "torch-2.11.0" / "dt-symm-mem.xml").unlink()
+    assert "Limits" not in support_table.table()

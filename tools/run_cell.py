@@ -63,7 +63,9 @@ def main(argv: list[str]) -> int:
     xml.parent.mkdir(parents=True, exist_ok=True)
     scope_note = {"scope": scope, "deselected": HEAVY if narrowed else None}
     xml.with_suffix(".json").write_text(json.dumps(scope_note) + "\n")
-    command = [sys.executable, "-m", "pytest", "-n", "2", f"--junitxml={xml}", *argv, *narrowed]
+    # xunit1 keeps the properties tests record (`torch_limit`: tools/support_table.py)
+    junit = ["-o", "junit_family=xunit1", f"--junitxml={xml}"]
+    command = [sys.executable, "-m", "pytest", "-n", "2", *junit, *argv, *narrowed]
     return subprocess.run(command).returncode
 
 

@@ -7,8 +7,10 @@ Reads what each cell of `hatch run test:run` wrote (`tools/run_cell.py`:
 `build/test-results/torch-<release>/<cell>.xml`, JUnit, and a note of the scope it ran
 in) and renders one row per cell, one column per torch release: how many tests passed,
 failed, errored, were expected failures, and whether the compile-heavy ones were left
-out (CI's scope on a middle release). A cell that did not run shows as such; nothing in
-the table is typed by hand.
+out (CI's scope on a middle release). Below it, each release's limits as the run found
+them: the reasons of its expected failures (torch bugs a strict xfail names) and what
+tests recorded as `torch_limit` (a feature that raises a clear error there). A cell
+that did not run shows as such; nothing in the table is typed by hand.
 """
 
 from __future__ import annotations
@@ -57,6 +59,31 @@ def cell_text(xml: Path) -> str:
     return ", ".join(parts)
 
 
+LIMIT = "torch_limit"
+
+
+def limits(xml: Path) -> list[str]:
+    """What one JUnit file says a release cannot do: xfail reasons and recorded limits."""
+    if not xml.exists():
+        return []
+    found = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        result, message = outcome(case)
+        if result == "xfailed" and message:
+            found.append(message.removeprefix("reason: "))
+        found += [p.get("value", "") for p in case.iter("property") if p.get("name") == LIMIT]
+    return found
+
+
+def limits_text(releases: list[str]) -> list[str]:
+    lines = []
+    for release in releases:
+        found = [text for xml in sorted((RESULTS / f"torch-{release}").glob("*.xml"))
+                 for text in limits(xml)]  # fmt: skip
+        lines += [f"- torch {release}: {text}" for text in dict.fromkeys(found)]
+    return ["", "Limits found by the same run:", "", *lines] if lines else []
+
+
 def table() -> str:
     releases = sorted((p.name[len("torch-") :] for p in RESULTS.glob("torch-*")), key=release_key)
     if not releases:
@@ -73,7 +100,7 @@ def table() -> str:
     when = datetime.date.fromtimestamp(newest).isoformat()
     machine = f"{platform.machine()}, Python {platform.python_version()}"
     source = f"From `hatch run test:run` (last cell {when}, {machine}; `tools/support_table.py`)."
-    return "\n".join([header, rule, *rows, "", source])
+    return "\n".join([header, rule, *rows, *limits_text(releases), "", source])
 
 
 def write(readme: Path, text: str) -> None:

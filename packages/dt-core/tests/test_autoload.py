@@ -314,6 +314,9 @@ def test_untested_torch_with_the_override_activates_and_check_passes_with_a_note
 @pytest.mark.parametrize(
     "version",
     [
+        "2.11.0",
+        "2.11.0+cu130",
+        "2.12.1+cu130",
         "2.13.0",
         "2.13.0+cpu",
         "2.13.0a0+git123",

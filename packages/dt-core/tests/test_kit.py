@@ -223,7 +223,6 @@ def test_replicated_fallback_is_exact_and_keeps_layouts() -> None:
     assert torch.equal(out.full_tensor(), -a)
 
 
-@pytest.mark.ranks(2)
 def _redistributes_to(mesh: object, placements: list) -> bool:
     """Whether this torch's redistribute takes a replicated tensor to `placements`."""
     from torch.distributed.tensor import Replicate, distribute_tensor
@@ -235,6 +234,7 @@ def _redistributes_to(mesh: object, placements: list) -> bool:
     return True
 
 
+@pytest.mark.ranks(2)
 def test_reshard_like_keeps_strided_shards_plain_tensors_and_fitting_shards() -> None:
     """Each layout `reshard_like` gives a full value holds exactly that value's rows, as
     read off the value on one process (rank r of 2 owns chunk r of each split)."""
