@@ -1,6 +1,7 @@
 """simple_fsdp under torch's fake backend (a dry run: one process standing in for a world):
 training steps run through, eager and compiled (with the bucketing passes under Inductor),
-with finite losses and gradients."""
+with a scalar loss and every parameter's gradient in its shard's shape. (Not the values:
+a fake world's are arbitrary, and before torch 2.13 its reduce-scatter writes nothing.)"""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ for compiled in (False, True):
         loss = run(torch.randn(4, 8)).pow(2).mean()
         loss.backward()
         opt.step()
-    grads = all(bool(torch.isfinite(p.grad.to_local()).all()) for p in model.parameters())
-    print("CASE", compiled, bool(torch.isfinite(loss).all()), grads)
+    grads = all(p.grad.to_local().shape == p.to_local().shape for p in model.parameters())
+    print("CASE", compiled, loss.shape == (), grads)
 """
 
 

@@ -109,14 +109,16 @@ def _merge_settings() -> dict[str, Any]:
 
 @hookimpl
 def dt_graph_passes() -> list[GraphPass]:
+    import sys
     from pathlib import Path
 
     from dt_symm_mem import compat
 
-    # Asked when Inductor is first imported. A graph Inductor loads from its cache calls
-    # the fused ops without this pass running; where torch defines them in Python only
-    # (2.11), they must exist before such a graph runs.
-    compat.ensure_fused_ops_resolvable()
+    # Asked when Inductor is first imported (or by a listing, which must import nothing
+    # more). A graph Inductor loads from its cache calls the fused ops without this pass
+    # running; where torch defines them in Python only (2.11), they must exist by then.
+    if "torch._inductor.config" in sys.modules:
+        compat.ensure_fused_ops_resolvable()
     here = Path(__file__).parent
     sources = [str(here / "compile_pass.py")]
     merge_sources = [str(here / "summed_matmuls.py")]
