@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dt_core.testing import cpu_mesh
-from dt_core.versions import release
 
 
 def compare(
@@ -153,12 +152,6 @@ def test_every_op_kind_compiles_fullgraph_on_2_ranks() -> None:
 
 
 @pytest.mark.compile_heavy
-@pytest.mark.xfail(
-    release(torch.__version__)[:2] == (2, 12),
-    reason="torch 2.12 Inductor: its replication_pad2d_backward fails its own stride "
-    "assertion ('expected size 3==3, stride 1==120'), on plain tensors too; fixed in 2.13",
-    strict=True,
-)
 @pytest.mark.ranks(2, timeout=900)
 def test_inductor_compiles_the_sharded_ops() -> None:
     """Every 2-D op kind through Inductor on uneven shards (9 columns on 2 ranks): values
