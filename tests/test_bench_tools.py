@@ -181,3 +181,20 @@ def test_a_benchmark_that_runs_too_long_is_stopped(
     command = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(30)"]
     code, out, _ = report.run_streamed(command, timeout=1, say=seen.append)
     assert code is None and seen == ["started"] and out == "started\n"
+
+
+def test_a_memory_result_is_its_own_suite(
+    tools: tuple[ModuleType, ModuleType], tmp_path: Path
+) -> None:
+    """A package's memory.py result sits beside its run.py result: both in the table,
+    labelled apart, and run_package names the suite from the script's file name."""
+    _, report = tools
+    results = [_result("dt-conv", step=1.0), {**_result("dt-conv", step=2.0), "suite": "memory"}]
+    run = {"torch": OLD, "machine": [], "mode": "full", "results": results}
+    text = report.render([run], Path())
+    assert "| dt-conv | step (time) |" in text and "| dt-conv memory | step (time) |" in text
+    bench = tmp_path / "packages" / "dt-fake" / "benchmarks" / "memory.py"
+    bench.parent.mkdir(parents=True)
+    bench.write_text(FAKE_BENCH)
+    result = report.run_package(bench, quick=False, timeout=60)
+    assert report.result_label(result) == "dt-fake memory"

@@ -1,12 +1,13 @@
 """Run every benchmark of the monorepo and write BENCHMARKS.md with tables and PNG plots.
 
-Each package's `benchmarks/run.py --json OUT` reports rows (a value against a baseline
-measured in the same run, the ratio and the issue's target) and series for plots; this
-tool runs them one after another (never in parallel: they time things), adds dt-core's
-import-time benchmark, saves the run under build/bench/ by torch release, and renders the
-latest run of every release side by side.
+Each package's `benchmarks/run.py --json OUT` (times) and, where it has one,
+`benchmarks/memory.py --json OUT` (per-rank memory as ranks grow) report rows (a value
+against a baseline measured in the same run, the ratio and the issue's target) and series
+for plots; this tool runs them one after another (never in parallel: they time things),
+adds dt-core's import-time benchmark, saves the run under build/bench/ by torch release,
+and renders the latest run of every release side by side.
 
-    hatch run bench:report [--quick] [--only dt-conv dt-cp]     # every torch of the matrix
+    hatch run bench:report [--quick] [--only dt-conv dt-cp] [--suite memory]
     hatch run bench.2.14:report --render-only                   # the table from saved runs
 """
 
@@ -31,6 +32,19 @@ from heartbeat import DEFAULT_INTERVAL_S, Heartbeat
 
 ROOT = Path(__file__).resolve().parent.parent
 PLOTS = Path("docs") / "benchmarks"
+# The benchmark scripts a package may have, by suite: `run.py` times (the suite saved runs
+# without a "suite" field belong to), `memory.py` per-rank memory.
+SUITES = {"time": "run.py", "memory": "memory.py"}
+
+
+def suite_of(result: dict[str, Any]) -> str:
+    return str(result.get("suite", "time"))
+
+
+def result_label(result: dict[str, Any]) -> str:
+    """A result's package, with its suite unless it is the time suite: `dt-conv memory`."""
+    suite = suite_of(result)
+    return result["package"] if suite == "time" else f"{result['package']} {suite}"
 
 
 def machine_info() -> list[str]:
@@ -106,19 +120,22 @@ def run_package(
     another environment's), its printed lines handed to `say`; failures become a report
     row."""
     package = bench.parent.parent.name
+    suite = next((s for s, name in SUITES.items() if name == bench.name), "time")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [python, str(bench), "--json", str(out)] + (["--quick"] if quick else [])
         start = time.perf_counter()
         code, stdout, stderr = run_streamed(cmd, timeout, say)
         if code is None:
-            return {"package": package, "error": f"timed out after {timeout} s"}
+            return {"package": package, "suite": suite, "error": f"timed out after {timeout} s"}
         elapsed = time.perf_counter() - start
         if code != 0 or not out.exists():
             tail = (stderr or stdout).strip().splitlines()[-3:]
-            return {"package": package, "error": " / ".join(tail) or f"exit {code}"}
+            error = " / ".join(tail) or f"exit {code}"
+            return {"package": package, "suite": suite, "error": error}
         result = json.loads(out.read_text())
     result["elapsed_s"] = elapsed
+    result["suite"] = suite
     return result
 
 
@@ -184,10 +201,10 @@ def _rows(run: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for result in run["results"]:
         if "error" in result:
-            rows[(result["package"], "FAILED")] = {"error": result["error"]}
+            rows[(result_label(result), "FAILED")] = {"error": result["error"]}
             continue
         for key, row in package_rows(result).items():
-            rows[(result["package"], key)] = row
+            rows[(result_label(result), key)] = row
     return rows
 
 
@@ -217,7 +234,7 @@ def _machine_lines(run: dict[str, Any]) -> list[str]:
     groups: dict[tuple[str, ...], list[str]] = {}
     for result in run["results"]:
         machine = tuple(result.get("machine") or run["machine"])
-        groups.setdefault(machine, []).append(result["package"])
+        groups.setdefault(machine, []).append(result_label(result))
     if len(groups) == 1:
         return list(next(iter(groups)))
     lines = []
@@ -270,7 +287,7 @@ def render(runs: list[dict[str, Any]], out: Path, comparison: dict[str, Any] | N
     for run in runs:
         for result in run["results"]:
             for i, series in enumerate(result.get("series", [])):
-                name = f"{result['package']}-{i}-torch-{_release(run)}.png"
+                name = f"{result_label(result).replace(' ', '-')}-{i}-torch-{_release(run)}.png"
                 title = f"{series['title']} (torch {_release(run)})"
                 plot(series, out.parent / PLOTS / name)
                 lines += [f"### {title}", "", f"![{title}]({PLOTS / name})", ""]
@@ -316,15 +333,20 @@ def render_comparison(compare: dict[str, Any]) -> list[str]:
 
 
 def run_benchmarks(
-    only: list[str] | None, quick: bool, timeout: int, beat: Heartbeat
+    only: list[str] | None,
+    quick: bool,
+    timeout: int,
+    beat: Heartbeat,
+    suites: tuple[str, ...] = tuple(SUITES),
 ) -> list[dict[str, Any]]:
     """Every chosen benchmark, one after another; the console names each while it runs
     (compiles inside a benchmark print nothing for minutes) and shows the rows it prints."""
     results = []
-    if not only or "dt-core" in only:
+    if (not only or "dt-core" in only) and "time" in suites:
         beat.phase("measuring import time", prefix="dt-core: ")
         results.append(import_time(quick))
-    for bench in sorted(ROOT.glob("packages/*/benchmarks/run.py")):
+    benches = [b for s in suites for b in ROOT.glob(f"packages/*/benchmarks/{SUITES[s]}")]
+    for bench in sorted(benches, key=lambda b: (b.parent.parent.name, b.name != "run.py")):
         package = bench.parent.parent.name
         if only and package not in only:
             continue
@@ -347,6 +369,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
     parser.add_argument("--only", nargs="*", help="packages to run (default: all)")
+    parser.add_argument(
+        "--suite",
+        choices=["all", *SUITES],
+        default="all",
+        help="run.py (time), memory.py (memory) or both (default)",
+    )
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per package")
     parser.add_argument(
@@ -368,7 +396,8 @@ def main() -> int:
 
         machine = machine_info()
         with Heartbeat(interval=args.heartbeat) as beat:
-            results += run_benchmarks(args.only, args.quick, args.timeout, beat)
+            suites = tuple(SUITES) if args.suite == "all" else (args.suite,)
+            results += run_benchmarks(args.only, args.quick, args.timeout, beat, suites)
         run = {
             "torch": torch.__version__,
             "machine": machine,
@@ -379,11 +408,12 @@ def main() -> int:
         path = saved / f"torch-{_release(run)}.json"
         for result in results:
             result["machine"] = machine
-        if args.only and path.exists():  # a partial rerun replaces only its packages
+        partial = args.only or args.suite != "all"
+        if partial and path.exists():  # a partial rerun replaces only its packages' suites
             old = json.loads(path.read_text())
             if old.get("mode") == run["mode"]:
-                fresh = {r["package"]: r for r in results}
-                kept = [fresh.pop(r["package"], r) for r in old["results"]]
+                fresh = {result_label(r): r for r in results}
+                kept = [fresh.pop(result_label(r), r) for r in old["results"]]
                 for result in kept:  # results saved before they carried their own lines
                     result.setdefault("machine", old.get("earlier_machine", old["machine"]))
                 run["results"] = kept + list(fresh.values())

@@ -10,6 +10,8 @@ Modules imported on their own:
 - `compiled`: Inductor's generated code, compile-cache events, compiles with caches off.
 - `scripts`: `run_python(script)` in a fresh interpreter.
 - `demo_stage`: the demo's stage-result format and its check.
+- `memory`: a rank's peak tensor memory over one step (held + the profiled step's rise),
+  for the memory benchmarks.
 
 Importing any of them imports no torch; their functions do when called.
 """

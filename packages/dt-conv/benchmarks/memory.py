@@ -1,0 +1,140 @@
+"""dt-conv memory benchmark: per-rank peak of one fwd+bwd step as ranks grow, P = 1, 2, 4, 8.
+
+    python packages/dt-conv/benchmarks/memory.py [--quick] --json OUT.json
+
+A fixed whole problem: a 4-layer net of 3x3 convs (padding 1, 16 channels, fp32) on a
+1x16x1024x1024 image sharded on H, the weights replicated; one forward + backward
+(weight gradients). Each P runs in fresh spawned processes (gloo on 127.0.0.1, one thread
+each), every rank allocating its own rows directly (`DTensor.from_local`).
+
+Memory is counted in tensor allocations (dt_core.testing.memory): the tensors a rank
+holds before the step plus the peak of what the step allocates, from torch's profiler
+memory view, largest rank. The baseline is one process running the same net with plain
+torch on the whole image. The floor at P is the same plain-torch net run on one rank's
+rows alone (H/P rows, no communication: the local-only work, measured the same way) plus
+the halo rows the method needs in flight: for one conv, a row from and to each neighbour,
+forward and its adjoint (8 rows x 16 channels x W x 4 bytes = 512 KiB at W = 1024).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+CHANNELS, LAYERS = 16, 4
+
+
+def _net_step(x: Any, weights: list, local: bool) -> Any:
+    import torch.nn.functional as F
+
+    def step() -> None:
+        out = x
+        for w in weights:
+            out = F.conv2d(out, w, padding=1)
+        (out if local else out.to_local()).sum().backward()
+        for w in weights:
+            w.grad = None
+
+    return step
+
+
+def _weights(make: Any) -> list:
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    return [
+        make(torch.randn(CHANNELS, CHANNELS, 3, 3, generator=gen) * 0.05).requires_grad_()
+        for _ in range(LAYERS)
+    ]
+
+
+def plain(rows: int, width: int) -> dict[str, int]:
+    """One process, plain torch: the net on a 1 x C x rows x width image."""
+    import torch
+    from dt_core.testing.memory import measure_step
+
+    torch.set_num_threads(1)
+    x = torch.randn(1, CHANNELS, rows, width, generator=torch.Generator().manual_seed(1))
+    return measure_step(_net_step(x, _weights(lambda t: t), local=True))
+
+
+def sharded(size: int) -> dict[str, int]:
+    """On every rank: the net on the image sharded on H, dt-conv's halo exchange."""
+    import torch
+    import torch.distributed as dist
+    from dt_core.testing import cpu_mesh
+    from dt_core.testing.memory import measure_step
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    torch.set_num_threads(1)
+    ranks = dist.get_world_size()
+    mesh = cpu_mesh(ranks)
+    gen = torch.Generator().manual_seed(1 + dist.get_rank())
+    local = torch.randn(1, CHANNELS, size // ranks, size, generator=gen)
+    x = DTensor.from_local(local, mesh, [Shard(2)], run_check=False)
+    weights = _weights(lambda t: DTensor.from_local(t, mesh, [Replicate()], run_check=False))
+    dist.barrier()
+    return measure_step(_net_step(x, weights, local=False))
+
+
+def halo_bytes(width: int) -> int:
+    """The halo rows one conv keeps in flight on an interior rank, forward and adjoint."""
+    return 8 * CHANNELS * width * 4
+
+
+def run(quick: bool) -> dict[str, Any]:
+    from dt_core.testing import World
+    from dt_core.testing.memory import MiB, scaling_report
+
+    size = 256 if quick else 1024
+    ranks = [2, 4] if quick else [2, 4, 8]
+    with World(1) as one:
+        reference = one.run(plain, size, size, timeout=1800)[0]
+        local = {p: one.run(plain, size // p, size, timeout=1800)[0] for p in ranks}
+    peaks, rss = {}, {}
+    for p in ranks:
+        with World(p) as world:
+            per_rank = world.run(sharded, size, timeout=1800)
+        peaks[p] = max(r["peak"] for r in per_rank)
+        rss[p] = max(r["rss_rise"] for r in per_rank)
+        print(f"P={p}: {peaks[p] / MiB:.1f} MiB per rank", flush=True)
+    floors = {p: local[p]["peak"] + halo_bytes(size) for p in ranks}
+    problem = f"1x{CHANNELS}x{size}x{size} fp32, {LAYERS} convs 3x3, sharded on H"
+    rows, series = scaling_report(
+        "dt-conv",
+        problem,
+        reference["peak"],
+        peaks,
+        floors,
+        floor_note=(
+            "floor: the same net in plain torch on one rank's H/P rows (measured) + the "
+            "halo rows of one conv in flight (8 rows); RSS high-water rise per rank: "
+            + ", ".join(f"P={p} {rss[p] / MiB:.0f} MiB" for p in ranks)
+            + f" (one process {reference['rss_rise'] / MiB:.0f} MiB)"
+        ),
+        targets={4: "<= 0.32"},
+        fits={
+            "size": size,
+            "what": "image edge (square, 16 ch)",
+            "unit": "px",
+            "exponent": 2,
+            "multiple": 64,
+            "budget": 1024 * MiB,
+        },
+    )
+    return {"package": "dt-conv", "suite": "memory", "rows": rows, "series": series}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a 256x256 image, P = 2, 4")
+    parser.add_argument("--json", required=True, help="where to write the results")
+    args = parser.parse_args()
+    result = run(args.quick)
+    from dt_core.testing.benchmarks import write_report
+
+    write_report(args.json, "dt-conv", result["rows"], result["series"])
+
+
+if __name__ == "__main__":
+    main()

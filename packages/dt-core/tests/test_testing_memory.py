@@ -1,0 +1,93 @@
+"""dt_core.testing.memory, what the memory benchmarks count with: the peak over allocation
+events (by address, frees of earlier blocks ignored), the live-tensor count (each storage
+once), a profiled step's peak, the 1/P fit, the largest size within a budget, the rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dt_core.testing.memory import (
+    MiB,
+    fit_inverse_p,
+    largest_fitting,
+    live_tensor_bytes,
+    peak_from_events,
+    scaling_report,
+    step_peak_bytes,
+)
+
+
+def test_peak_counts_only_blocks_allocated_among_the_events() -> None:
+    events = [
+        (3.0, -10, "a"),  # a's free, listed out of order: sorted by time first
+        (1.0, 10, "a"),
+        (2.0, 20, "b"),
+        (4.0, 5, "c"),
+        (5.0, -99, "earlier"),  # a block allocated before the events: ignored
+        (6.0, -20, "b"),
+    ]
+    assert peak_from_events(events) == 30
+    assert peak_from_events([]) == 0
+
+
+def test_live_tensor_bytes_counts_each_storage_once() -> None:
+    before = live_tensor_bytes()
+    block = torch.empty(MiB, dtype=torch.uint8)
+    views = [block[: MiB // 2], block.view(2, -1)]
+    during = live_tensor_bytes()
+    del block, views
+    assert during - before == MiB
+    assert live_tensor_bytes() == before
+
+
+def test_a_profiled_step_s_peak_is_what_it_held_at_once() -> None:
+    def step() -> None:
+        a = torch.ones(MiB, dtype=torch.uint8)
+        b = torch.ones(2 * MiB, dtype=torch.uint8)
+        del a, b
+        c = torch.ones(MiB, dtype=torch.uint8)
+        del c
+
+    assert 3 * MiB <= step_peak_bytes(step) < 3 * MiB + 64 * 1024
+
+
+def test_fit_inverse_p_recovers_a_and_b() -> None:
+    a, b = fit_inverse_p([1, 2, 4, 8], [100 / p + 7 for p in (1, 2, 4, 8)])
+    assert a == pytest.approx(100) and b == pytest.approx(7)
+    with pytest.raises(ValueError):
+        fit_inverse_p([2, 2], [1.0, 1.0])
+
+
+def test_largest_fitting_stays_within_the_budget() -> None:
+    # 576 MiB at edge 1024, memory like edge^2: 1024 * sqrt(1024 / 576) = 1365.3 -> 1344
+    assert largest_fitting(1024, 576 * MiB, 1024 * MiB, 2, 64) == 1344
+    # linear: exactly twice the budget fits exactly twice the size
+    assert largest_fitting(16384, 512 * MiB, 1024 * MiB, 1, 1024) == 32768
+    assert largest_fitting(1024, 576 * MiB, MiB, 2, 64) == 0
+    for budget in (100, 333, 1000, 4096):
+        size = largest_fitting(1000, 250.0, budget, 2, 8)
+        assert 250.0 * (size / 1000) ** 2 <= budget < 250.0 * ((size + 8) / 1000) ** 2
+
+
+def test_scaling_report_rows_and_plot() -> None:
+    rows, series = scaling_report(
+        "dt-x",
+        "a problem",
+        400 * MiB,
+        {2: 210 * MiB, 4: 120 * MiB},
+        {2: 205 * MiB, 4: 100 * MiB},
+        floor_note="floor: local work",
+        others={"theirs": {4: 300 * MiB}},
+        fits={"size": 100, "what": "edge", "unit": "px", "exponent": 2, "multiple": 10}
+        | {"budget": 1600 * MiB},
+    )
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["per-rank peak memory, P=4"]["ratio"] == pytest.approx(0.3)
+    assert by_name["per-rank peak vs the floor, P=4"]["ratio"] == pytest.approx(1.2)
+    assert by_name["theirs per-rank peak, P=4"]["ratio"] == pytest.approx(0.75)
+    fits = by_name["largest edge within 1600 MiB per rank, P=4"]
+    assert (fits["value"], fits["baseline_value"]) == (360, 200)  # 100*sqrt(1600/120)=365
+    (plot,) = series
+    assert plot["x"] == [1, 2, 4]
+    assert plot["lines"]["one process / P"] == [400, 200, 100]
+    assert plot["lines"]["floor"] == [400, 205, 100]
