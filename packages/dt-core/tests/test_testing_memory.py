@@ -27,6 +27,9 @@ def test_peak_counts_only_blocks_allocated_among_the_events() -> None:
         (6.0, -20, "b"),
     ]
     assert peak_from_events(events) == 30
+    # b's free was not seen (freed on another thread), then its address was reused
+    unseen = [(1.0, 20, "b"), (2.0, 10, "a"), (3.0, 20, "b"), (4.0, -10, "a")]
+    assert peak_from_events(unseen) == 30
     assert peak_from_events([]) == 0
 
 

@@ -12,10 +12,12 @@ runs in fresh spawned processes (gloo on 127.0.0.1, one thread each).
 Memory is counted in tensor allocations (dt_core.testing.memory): what a rank holds
 before the step (its q, k, v shards) plus the peak of what the step allocates, from
 torch's profiler memory view, largest rank. The baseline is one process running plain
-SDPA on the whole sequence. The floor at P is plain SDPA fwd+bwd on a sequence of S/P
-(one rank's q, k, v alone: the local-only work, measured the same way) plus the ring's
-blocks in flight: the K and V block being received and the dK and dV block travelling
-back, 4 x B*H*(S/P)*D*4 bytes.
+SDPA on the whole sequence. The floor at P counts blocks of B*H*(S/P)*D*4 bytes: the
+local-only work's tensors, which every rank holds at the end of backward (its q, k, v,
+out, dq, dk, dv: 7 blocks), plus the one buffer a ring cannot avoid, the K and V block
+it computes with while its own travel (2 blocks): 9 blocks, a lower bound. (Plain SDPA
+run on S/P alone is no floor: its kernel's full-length temporaries, e.g. a contiguous
+grad_out, make it ~0.5 blocks per P above the ring's blockwise kernels.)
 
 torch's own context parallel (`context_parallel()`) does not run on CPU without dt-cp:
 its dispatcher has no rule for `aten._scaled_dot_product_flash_attention_for_cpu`
@@ -72,9 +74,9 @@ def sharded(seq: int) -> dict[str, int]:
     return measure_step(_step(*qkv))
 
 
-def ring_blocks_bytes(seq: int, ranks: int) -> int:
-    """The K, V block a rank receives and the dK, dV block it passes on, in flight."""
-    return 4 * HEADS * (seq // ranks) * DIM * 4
+def floor_bytes(seq: int, ranks: int) -> int:
+    """9 blocks: a rank's q, k, v, out, dq, dk, dv and the K, V block it computes with."""
+    return 9 * HEADS * (seq // ranks) * DIM * 4
 
 
 def run(quick: bool, seq: int | None) -> dict[str, Any]:
@@ -85,7 +87,6 @@ def run(quick: bool, seq: int | None) -> dict[str, Any]:
     ranks = [2, 4] if quick else [2, 4, 8]
     with World(1) as one:
         reference = one.run(plain, seq, timeout=1800)[0]
-        local = {p: one.run(plain, seq // p, timeout=1800)[0] for p in ranks}
     peaks, rss = {}, {}
     for p in ranks:
         with World(p) as world:
@@ -93,7 +94,7 @@ def run(quick: bool, seq: int | None) -> dict[str, Any]:
         peaks[p] = max(r["peak"] for r in per_rank)
         rss[p] = max(r["rss_rise"] for r in per_rank)
         print(f"P={p}: {peaks[p] / MiB:.1f} MiB per rank", flush=True)
-    floors = {p: local[p]["peak"] + ring_blocks_bytes(seq, p) for p in ranks}
+    floors = {p: floor_bytes(seq, p) for p in ranks}
     problem = f"causal SDPA fwd+bwd, B=1 H={HEADS} S={seq} D={DIM} fp32, ring"
     rows, series = scaling_report(
         "dt-cp",
@@ -102,8 +103,8 @@ def run(quick: bool, seq: int | None) -> dict[str, Any]:
         peaks,
         floors,
         floor_note=(
-            "floor: plain SDPA fwd+bwd on S/P (measured) + the ring's K, V and dK, dV blocks "
-            "in flight (4 blocks of S/P); RSS high-water rise per rank: "
+            "floor: 9 blocks of S/P (a rank's q, k, v, out, dq, dk, dv + the K, V block it "
+            "computes with); RSS high-water rise per rank: "
             + ", ".join(f"P={p} {rss[p] / MiB:.0f} MiB" for p in ranks)
             + f" (one process {reference['rss_rise'] / MiB:.0f} MiB)"
         ),

@@ -63,13 +63,16 @@ def peak_from_events(events: Iterable[tuple[float, int, Any]]) -> int:
     """The peak of live bytes over allocation events `(time, bytes, address)`, bytes > 0
     an allocation and < 0 a free: only blocks whose allocation is among the events count
     (a free of an earlier block is ignored), so the result is the rise over what was
-    alive before the first event."""
+    alive before the first event. An allocation at the address of a block still held
+    ends that block: two live blocks never share an address."""
     held: dict[Any, int] = {}
     live = peak = 0
     for _, nbytes, address in sorted(events, key=lambda e: e[0]):
         if nbytes > 0:
-            held[address] = held.get(address, 0) + nbytes
-            live += nbytes
+            # A block allocated where one is held was freed unseen (the profiler misses
+            # frees on other threads, e.g. a gloo work's buffers): that one is gone.
+            live += nbytes - held.get(address, 0)
+            held[address] = nbytes
             peak = max(peak, live)
         elif address in held:
             live -= held.pop(address)
