@@ -17,9 +17,9 @@ from ..errors import UnsupportedTorchError
 from ..versions import in_range
 
 # [low, high): the torch releases dt-core and the plugins were written and tested against
-# (2.13.x to 2.15.x). Package metadata asks only for the lower bound, so installing a
+# (2.11.x to 2.15.x). Package metadata asks only for the lower bound, so installing a
 # plugin never replaces the user's torch; this range is what guards an untested release.
-TESTED_TORCH_RANGE = ("2.13.0", "2.16.0")
+TESTED_TORCH_RANGE = ("2.11.0", "2.16.0")
 ALLOW_UNTESTED_ENV = "DT_PLUGINS_ALLOW_UNTESTED_TORCH"
 TESTED_TORCH_SPEC = f">={TESTED_TORCH_RANGE[0]},<{TESTED_TORCH_RANGE[1]}"
 
