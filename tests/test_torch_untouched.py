@@ -1,7 +1,7 @@
 """Installing a plugin never changes the user's torch, on every torch of the matrix.
 
 The cell installed our wheels next to the torch its environment holds (one release of
-the window per axis, 2.13.0 to 2.15.0); here pip resolves each plugin's wheel with
+the window per axis, 2.11.0 to 2.15.0); here pip resolves each plugin's wheel with
 dt-core's wheel as a user's `pip install` would, with no constraint file and no index to
 fetch another torch from: the resolution must succeed and install no torch. A
 requirement that rules out this torch makes the same resolution fail, so the check can
