@@ -76,11 +76,14 @@ def limits(xml: Path) -> list[str]:
 
 
 def limits_text(releases: list[str]) -> list[str]:
-    lines = []
+    """One line per limit, naming the releases where the run found it."""
+    where: dict[str, list[str]] = {}
     for release in releases:
-        found = [text for xml in sorted((RESULTS / f"torch-{release}").glob("*.xml"))
-                 for text in limits(xml)]  # fmt: skip
-        lines += [f"- torch {release}: {text}" for text in dict.fromkeys(found)]
+        for xml in sorted((RESULTS / f"torch-{release}").glob("*.xml")):
+            for text in limits(xml):
+                if release not in where.setdefault(text, []):
+                    where[text].append(release)
+    lines = [f"- torch {', '.join(found)}: {text}" for text, found in where.items()]
     return ["", "Limits found by the same run:", "", *lines] if lines else []
 
 
