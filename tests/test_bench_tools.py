@@ -193,8 +193,30 @@ def test_a_memory_result_is_its_own_suite(
     run = {"torch": OLD, "machine": [], "mode": "full", "results": results}
     text = report.render([run], Path())
     assert "| dt-conv | step (time) |" in text and "| dt-conv memory | step (time) |" in text
+    memory_at = text.index(report.MEMORY_HEADING)
+    assert text.index("| dt-conv | step (time) |") < memory_at
+    assert text.index("| dt-conv memory | step (time) |") > memory_at
     bench = tmp_path / "packages" / "dt-fake" / "benchmarks" / "memory.py"
     bench.parent.mkdir(parents=True)
     bench.write_text(FAKE_BENCH)
     result = report.run_package(bench, quick=False, timeout=60)
     assert report.result_label(result) == "dt-fake memory"
+
+
+def test_a_memory_rerun_replaces_only_the_memory_section(
+    tools: tuple[ModuleType, ModuleType],
+) -> None:
+    _, report = tools
+    before = "# Benchmarks\n\ntimes\n\n## Per-rank memory as ranks grow\n\nold\n\n## Next\n\nkept\n"
+    after = report.replace_section(
+        before, report.MEMORY_HEADING, [report.MEMORY_HEADING, "", "new"]
+    )
+    assert (
+        after
+        == "# Benchmarks\n\ntimes\n\n## Per-rank memory as ranks grow\n\nnew\n\n## Next\n\nkept\n"
+    )
+    # no memory section yet: appended; the last section: replaced to the end
+    assert report.replace_section("# B\n", "## M", ["## M", "x"]) == "# B\n\n## M\nx\n\n"
+    assert (
+        report.replace_section("# B\n\n## M\nold\n", "## M", ["## M", "x"]) == "# B\n\n## M\nx\n\n"
+    )

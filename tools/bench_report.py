@@ -243,20 +243,38 @@ def _machine_lines(run: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(runs: list[dict[str, Any]], out: Path, comparison: dict[str, Any] | None = None) -> str:
-    """BENCHMARKS.md from one run per torch release, side by side (oldest torch first),
-    then the interleaved comparison of the torches when one was run."""
-    lines = [
-        "# Benchmarks",
-        "",
-        "Written by `hatch run bench:report` (tools/bench_report.py), which runs every "
-        "package's `benchmarks/run.py` one after another, on every torch of the test matrix "
-        "(`hatch run bench.2.14:report` runs one; each run's results are kept in "
-        "build/bench/ and the table shows the latest run of each torch). Every ratio is "
-        "against a baseline measured in the same run on the same machine; targets come "
-        "from the issues. Timed assertions never live in tests.",
-        "",
-    ]
+MEMORY_HEADING = "## Per-rank memory as ranks grow"
+MEMORY_INTRO = (
+    "Written by `hatch run bench:report --suite memory` (each package's "
+    "`benchmarks/memory.py`). A fixed whole problem, one training step, P spawned gloo ranks "
+    "(one thread each) against one process with plain torch; the largest rank's peak. A "
+    "rank's peak is the tensors it holds before the step plus its resident set's rise during "
+    "the step, each process started with glibc's mmap threshold fixed at 64 KiB so every "
+    "larger block is its own mapping, whose pages go back when it is freed "
+    "(`dt_core.testing.memory`). Not torch's profiler alone: it records frees only on the "
+    "thread it profiles, and gloo frees its collectives' copies of their inputs on its worker "
+    "threads, so it counts some of them as held to the end of the step; its view (held + the "
+    "profiler's rise) is in each floor row's notes. The ~266 MiB each rank process carries "
+    "before any tensor (the interpreter, torch, gloo) is in neither. Each floor is a lower "
+    'bound, computed as its notes and the benchmark\'s docstring say. "What fits" scales '
+    "each measured peak by the size's power (edge², S, width²) to a 1024 MiB per-rank budget."
+)
+
+
+def _by_suite(runs: list[dict[str, Any]], suite: str) -> list[dict[str, Any]]:
+    """The runs with only `suite`'s results; runs without any are left out."""
+    picked = []
+    for run in runs:
+        results = [r for r in run["results"] if suite_of(r) == suite]
+        if results:
+            picked.append({**run, "results": results})
+    return picked
+
+
+def _table(runs: list[dict[str, Any]]) -> list[str]:
+    """The runs' machine lines, then one row per (package, benchmark), a column group
+    per torch (oldest first)."""
+    lines: list[str] = []
     for run in runs:
         lines += [f"torch {run['torch']}:", "", *_machine_lines(run), f"- mode: {run['mode']}", ""]
     header = ["package", "benchmark", "target"]
@@ -281,9 +299,11 @@ def render(runs: list[dict[str, Any]], out: Path, comparison: dict[str, Any] | N
             cells.append(_change(found[0], found[-1]))
         cells.append(str(first.get("notes", "")))
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    if comparison:
-        lines += render_comparison(comparison)
+    return [*lines, ""]
+
+
+def _plots(runs: list[dict[str, Any]], out: Path) -> list[str]:
+    lines: list[str] = []
     for run in runs:
         for result in run["results"]:
             for i, series in enumerate(result.get("series", [])):
@@ -291,6 +311,49 @@ def render(runs: list[dict[str, Any]], out: Path, comparison: dict[str, Any] | N
                 title = f"{series['title']} (torch {_release(run)})"
                 plot(series, out.parent / PLOTS / name)
                 lines += [f"### {title}", "", f"![{title}]({PLOTS / name})", ""]
+    return lines
+
+
+def render_memory(runs: list[dict[str, Any]], out: Path) -> list[str]:
+    """The memory section: its heading, how memory is counted, the table, the plots."""
+    memory = _by_suite(runs, "memory")
+    if not memory:
+        return []
+    return [MEMORY_HEADING, "", MEMORY_INTRO, "", *_table(memory), *_plots(memory, out)]
+
+
+def replace_section(text: str, heading: str, section: list[str]) -> str:
+    """`text` with the section under `heading` (up to the next `## ` heading) replaced by
+    `section`'s lines, or `section` appended where `text` has no such heading."""
+    new = "\n".join(section).rstrip("\n") + "\n\n"
+    start = text.find(heading + "\n")
+    if start < 0:
+        return text.rstrip("\n") + "\n\n" + new
+    end = text.find("\n## ", start + len(heading))
+    return text[:start] + new + (text[end + 1 :] if end >= 0 else "")
+
+
+def render(runs: list[dict[str, Any]], out: Path, comparison: dict[str, Any] | None = None) -> str:
+    """BENCHMARKS.md from one run per torch release, side by side (oldest torch first):
+    the time table, the memory section, then the interleaved comparison of the torches
+    when one was run."""
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `hatch run bench:report` (tools/bench_report.py), which runs every "
+        "package's `benchmarks/run.py` one after another, on every torch of the test matrix "
+        "(`hatch run bench.2.14:report` runs one; each run's results are kept in "
+        "build/bench/ and the table shows the latest run of each torch). Every ratio is "
+        "against a baseline measured in the same run on the same machine; targets come "
+        "from the issues. Timed assertions never live in tests.",
+        "",
+    ]
+    times = _by_suite(runs, "time")
+    lines += _table(times)
+    lines += render_memory(runs, out)
+    if comparison:
+        lines += render_comparison(comparison)
+    lines += _plots(times, out)
     return "\n".join(lines) + "\n"
 
 
@@ -420,7 +483,14 @@ def main() -> int:
         path.write_text(json.dumps(run, indent=1))
     compare = saved / "compare.json"
     comparison = json.loads(compare.read_text()) if compare.exists() else None
-    out.write_text(render(load_runs(saved), out, comparison))
+    runs = load_runs(saved)
+    if out.exists() and not _by_suite(runs, "time"):
+        # Only memory runs are saved here (the time runs were measured elsewhere): rewrite
+        # the memory section and keep the rest of the report as it is.
+        text = replace_section(out.read_text(), MEMORY_HEADING, render_memory(runs, out))
+    else:
+        text = render(runs, out, comparison)
+    out.write_text(text)
     print(f"wrote {out}")
     return 0 if all("error" not in r for r in results) else 1
 

@@ -7,18 +7,18 @@ A fixed whole problem: a 4-layer net of 3x3 convs (padding 1, 16 channels, fp32)
 (weight gradients). Each P runs in fresh spawned processes (gloo on 127.0.0.1, one thread
 each), every rank allocating its own rows directly (`DTensor.from_local`).
 
-Memory is counted in tensor allocations (dt_core.testing.memory): the tensors a rank
-holds before the step plus the peak of what the step allocates, from torch's profiler
-memory view, largest rank. The baseline is one process running the same net with plain
+A rank's peak (dt_core.testing.memory) is the tensors it holds before the step plus its
+resident set's rise during the step, every block of 64 KiB or more mapped alone; largest
+rank. The baseline is one process running the same net with plain
 torch on the whole image. The floor at P is the same plain-torch net run on one rank's
 rows alone (H/P rows, no communication: the local-only work, measured the same way) plus
 the halo rows the method needs in flight: for one conv, a row from and to each neighbour,
-forward and its adjoint (8 rows x 16 channels x W x 4 bytes = 512 KiB at W = 1024).
+forward and its adjoint (4 rows x 16 channels x W x 4 bytes per neighbour: 512 KiB at
+W = 1024 on an interior rank, half that at P = 2, where each rank has one neighbour).
 """
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 CHANNELS, LAYERS = 16, 4
@@ -77,40 +77,38 @@ def sharded(size: int) -> dict[str, int]:
     return measure_step(_net_step(x, weights, local=False))
 
 
-def halo_bytes(width: int) -> int:
-    """The halo rows one conv keeps in flight on an interior rank, forward and adjoint."""
-    return 8 * CHANNELS * width * 4
+def halo_bytes(width: int, ranks: int) -> int:
+    """The halo rows one conv keeps in flight on the rank with the most neighbours,
+    forward and adjoint: a row from and to each neighbour, each way."""
+    neighbours = min(2, ranks - 1)
+    return 4 * neighbours * CHANNELS * width * 4
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from dt_core.testing import World
-    from dt_core.testing.memory import MiB, scaling_report
+    from dt_core.testing.memory import (
+        MiB,
+        allocation_note,
+        measure_one_process,
+        measure_ranks,
+        scaling_report,
+    )
 
     size = 256 if quick else 1024
     ranks = [2, 4] if quick else [2, 4, 8]
-    with World(1) as one:
-        reference = one.run(plain, size, size, timeout=1800)[0]
-        local = {p: one.run(plain, size // p, size, timeout=1800)[0] for p in ranks}
-    peaks, rss = {}, {}
-    for p in ranks:
-        with World(p) as world:
-            per_rank = world.run(sharded, size, timeout=1800)
-        peaks[p] = max(r["peak"] for r in per_rank)
-        rss[p] = max(r["rss_rise"] for r in per_rank)
-        print(f"P={p}: {peaks[p] / MiB:.1f} MiB per rank", flush=True)
-    floors = {p: local[p]["peak"] + halo_bytes(size) for p in ranks}
+    reference = measure_one_process(plain, size, size)
+    local = {p: measure_one_process(plain, size // p, size) for p in ranks}
+    ours = measure_ranks(sharded, ranks, size)
+    floors = {p: local[p]["peak"] + halo_bytes(size, p) for p in ranks}
     problem = f"1x{CHANNELS}x{size}x{size} fp32, {LAYERS} convs 3x3, sharded on H"
     rows, series = scaling_report(
         "dt-conv",
         problem,
         reference["peak"],
-        peaks,
+        {p: r["peak"] for p, r in ours.items()},
         floors,
         floor_note=(
             "floor: the same net in plain torch on one rank's H/P rows (measured) + the "
-            "halo rows of one conv in flight (8 rows); RSS high-water rise per rank: "
-            + ", ".join(f"P={p} {rss[p] / MiB:.0f} MiB" for p in ranks)
-            + f" (one process {reference['rss_rise'] / MiB:.0f} MiB)"
+            "halo rows of one conv in flight (4 per neighbour); " + allocation_note(reference, ours)
         ),
         targets={4: "<= 0.32"},
         fits={
@@ -125,16 +123,7 @@ def run(quick: bool) -> dict[str, Any]:
     return {"package": "dt-conv", "suite": "memory", "rows": rows, "series": series}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a 256x256 image, P = 2, 4")
-    parser.add_argument("--json", required=True, help="where to write the results")
-    args = parser.parse_args()
-    result = run(args.quick)
-    from dt_core.testing.benchmarks import write_report
-
-    write_report(args.json, "dt-conv", result["rows"], result["series"])
-
-
 if __name__ == "__main__":
-    main()
+    from dt_core.testing.benchmarks import memory_main
+
+    memory_main("dt-conv", __doc__, run, "a 256x256 image, P = 2, 4")

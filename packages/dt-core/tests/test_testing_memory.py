@@ -94,3 +94,39 @@ def test_scaling_report_rows_and_plot() -> None:
     assert plot["x"] == [1, 2, 4]
     assert plot["lines"]["one process / P"] == [400, 200, 100]
     assert plot["lines"]["floor"] == [400, 205, 100]
+
+
+def _free_on_another_thread_then_allocate_again() -> dict[str, int]:
+    import threading
+
+    from dt_core.testing.memory import measure_step
+
+    def step() -> None:
+        held = [torch.ones(32 * MiB, dtype=torch.uint8)]
+        worker = threading.Thread(target=held.clear)  # the last reference dies there
+        worker.start()
+        worker.join()
+        again = torch.ones(32 * MiB, dtype=torch.uint8)
+        del again
+
+    step()
+    return measure_step(step)
+
+
+def test_the_resident_rise_sees_a_free_on_another_thread() -> None:
+    from dt_core.testing.memory import measure_one_process
+
+    measured = measure_one_process(_free_on_another_thread_then_allocate_again)
+    # Never more than one 32 MiB block at once; the profiler may count two (it sees only
+    # this thread's frees), the resident set with blocks mapped alone sees one.
+    assert 30 * MiB <= measured["rise"] < 36 * MiB  # pages of a few KiB come and go
+    assert measured["peak"] == measured["held"] + measured["rise"]
+    assert measured["alloc_rise"] >= 32 * MiB
+
+
+def test_measure_step_refuses_a_process_without_blocks_mapped_alone(monkeypatch) -> None:
+    from dt_core.testing.memory import MMAP_THRESHOLD_ENV, measure_step
+
+    monkeypatch.delenv(MMAP_THRESHOLD_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="large_blocks_mapped_alone"):
+        measure_step(lambda: None)

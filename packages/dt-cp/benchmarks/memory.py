@@ -4,20 +4,22 @@
 
 A fixed whole problem: causal scaled-dot-product attention, B=1 H=4 D=64 fp32, q, k, v
 sharded on the sequence with dt-cp's defaults (the ring, no load balancer), forward +
-backward (dq, dk, dv). S = 16384, not the issue's 32768: one process takes ~45 s for one
-step at 32768 on this shared 2-core machine, and allocations scale linearly in S under
-flash attention (the ratios do not depend on S; `--seq` runs another length). Each P
-runs in fresh spawned processes (gloo on 127.0.0.1, one thread each).
+backward (dq, dk, dv), S = 32768 (`--seq` runs another length; memory grows linearly in S
+under flash attention, so fixed per-rank costs weigh more at smaller S). Each P runs in
+fresh spawned processes (gloo on 127.0.0.1, one thread each).
 
-Memory is counted in tensor allocations (dt_core.testing.memory): what a rank holds
-before the step (its q, k, v shards) plus the peak of what the step allocates, from
-torch's profiler memory view, largest rank. The baseline is one process running plain
-SDPA on the whole sequence. The floor at P counts blocks of B*H*(S/P)*D*4 bytes: the
-local-only work's tensors, which every rank holds at the end of backward (its q, k, v,
-out, dq, dk, dv: 7 blocks), plus the one buffer a ring cannot avoid, the K and V block
-it computes with while its own travel (2 blocks): 9 blocks, a lower bound. (Plain SDPA
-run on S/P alone is no floor: its kernel's full-length temporaries, e.g. a contiguous
-grad_out, make it ~0.5 blocks per P above the ring's blockwise kernels.)
+A rank's peak (dt_core.testing.memory) is the tensors it holds before the step (its q, k,
+v shards) plus its resident set's rise during the step, every block of 64 KiB or more
+mapped alone; largest rank. The baseline is one process running plain SDPA on the
+whole sequence: 8 blocks of B*H*S*D*4 bytes at its peak (q, k, v, out, the gradient
+of out, dq, dk, dv), measured. The floor at P is that local-only work on S/P rows (one
+process's peak over P) plus the buffers the ring needs in flight: the chunk of K and V it
+computes with and the `RING_PREFETCH_CHUNKS` chunks posted ahead of it, and that chunk's
+dK/dV share on its way home (chunks of `RING_CHUNK_ROWS` rows; 4 MiB at the defaults,
+whatever S and P). The ring never holds a foreign block whole, so the floor has no K/V
+block in flight. (Plain SDPA run on S/P alone is no floor: its kernel's full-length
+temporaries, e.g. a contiguous grad_out, make it ~0.5 blocks per P above the ring's
+blockwise kernels.)
 
 torch's own context parallel (`context_parallel()`) does not run on CPU without dt-cp:
 its dispatcher has no rule for `aten._scaled_dot_product_flash_attention_for_cpu`
@@ -26,10 +28,9 @@ its dispatcher has no rule for `aten._scaled_dot_product_flash_attention_for_cpu
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-HEADS, DIM = 4, 64
+HEADS, DIM, SEQ = 4, 64, 32768
 
 
 def _step(q: Any, k: Any, v: Any) -> Any:
@@ -74,39 +75,41 @@ def sharded(seq: int) -> dict[str, int]:
     return measure_step(_step(*qkv))
 
 
-def floor_bytes(seq: int, ranks: int) -> int:
-    """9 blocks: a rank's q, k, v, out, dq, dk, dv and the K, V block it computes with."""
-    return 9 * HEADS * (seq // ranks) * DIM * 4
+def ring_buffer_bytes() -> int:
+    """The ring's chunks in flight (see the module docstring): K and V of the chunk computed
+    with and of those posted ahead, and that chunk's dK/dV share."""
+    from dt_cp.algorithms import RING_CHUNK_ROWS, RING_PREFETCH_CHUNKS
+
+    chunk = HEADS * RING_CHUNK_ROWS * DIM * 4
+    return 2 * (RING_PREFETCH_CHUNKS + 1) * chunk + 2 * chunk
 
 
-def run(quick: bool, seq: int | None) -> dict[str, Any]:
-    from dt_core.testing import World
-    from dt_core.testing.memory import MiB, scaling_report
+def run(quick: bool, seq: int | None = None) -> dict[str, Any]:
+    from dt_core.testing.memory import (
+        MiB,
+        allocation_note,
+        measure_one_process,
+        measure_ranks,
+        scaling_report,
+    )
 
-    seq = seq or (2048 if quick else 16384)
+    seq = seq or (2048 if quick else SEQ)
     ranks = [2, 4] if quick else [2, 4, 8]
-    with World(1) as one:
-        reference = one.run(plain, seq, timeout=1800)[0]
-    peaks, rss = {}, {}
-    for p in ranks:
-        with World(p) as world:
-            per_rank = world.run(sharded, seq, timeout=1800)
-        peaks[p] = max(r["peak"] for r in per_rank)
-        rss[p] = max(r["rss_rise"] for r in per_rank)
-        print(f"P={p}: {peaks[p] / MiB:.1f} MiB per rank", flush=True)
-    floors = {p: floor_bytes(seq, p) for p in ranks}
+    reference = measure_one_process(plain, seq)
+    ours = measure_ranks(sharded, ranks, seq)
+    floors = {p: reference["peak"] / p + ring_buffer_bytes() for p in ranks}
     problem = f"causal SDPA fwd+bwd, B=1 H={HEADS} S={seq} D={DIM} fp32, ring"
     rows, series = scaling_report(
         "dt-cp",
         problem,
         reference["peak"],
-        peaks,
+        {p: r["peak"] for p, r in ours.items()},
         floors,
         floor_note=(
-            "floor: 9 blocks of S/P (a rank's q, k, v, out, dq, dk, dv + the K, V block it "
-            "computes with); RSS high-water rise per rank: "
-            + ", ".join(f"P={p} {rss[p] / MiB:.0f} MiB" for p in ranks)
-            + f" (one process {reference['rss_rise'] / MiB:.0f} MiB)"
+            "floor: one process's peak / P (8 blocks of S/P: q, k, v, out, its gradient, "
+            f"dq, dk, dv) + the ring's chunks in flight ({ring_buffer_bytes() / MiB:.0f} MiB: "
+            "K, V of the chunk computed with and those posted ahead, its dK/dV share); "
+            + allocation_note(reference, ours)
         ),
         targets={4: "<= 0.40"},
         fits={
@@ -121,17 +124,7 @@ def run(quick: bool, seq: int | None) -> dict[str, Any]:
     return {"package": "dt-cp", "suite": "memory", "rows": rows, "series": series}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="S = 2048, P = 2, 4")
-    parser.add_argument("--seq", type=int, help="another sequence length")
-    parser.add_argument("--json", required=True, help="where to write the results")
-    args = parser.parse_args()
-    result = run(args.quick, args.seq)
-    from dt_core.testing.benchmarks import write_report
-
-    write_report(args.json, "dt-cp", result["rows"], result["series"])
-
-
 if __name__ == "__main__":
-    main()
+    from dt_core.testing.benchmarks import memory_main
+
+    memory_main("dt-cp", __doc__, run, "S = 2048, P = 2, 4", {"--seq": "another sequence length"})

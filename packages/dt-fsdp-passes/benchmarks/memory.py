@@ -9,28 +9,28 @@ state. `simple_fsdp` with its defaults (reshard after forward), eager; torch's F
 (`fully_shard` per layer, then the root, as vs_fsdp2.py) on the same job. Each P runs in
 fresh spawned processes (gloo on 127.0.0.1, one thread each).
 
-Memory is counted in tensor allocations (dt_core.testing.memory): what a rank holds
-before the step (parameter shards, Adam's state, its batch) plus the peak of what the
-step allocates (gradients, gathered weights, activations, the optimizer's temporaries),
-from torch's profiler memory view, largest rank. The baseline is one process training
+A rank's peak (dt_core.testing.memory) is the tensors it holds before the step (parameter
+shards, Adam's state, its batch) plus its resident set's rise during the step (gradients,
+gathered weights, activations, the optimizer's temporaries, gloo's copies), every block of
+64 KiB or more mapped alone; largest rank. The baseline is one process training
 the plain model on the whole batch. The floor at P is the larger of two moments any FSDP
 goes through: the optimizer step, one process's peak over P (parameters, gradients, Adam
-state and its temporaries sharded; activations are 64/P rows); and the first layer's
-backward, what one process holds between steps over P plus every gradient's shard, plus
-that layer's gathered weight and its full gradient before the reduce-scatter (2 x 4 MiB).
+state and its temporaries sharded; activations are 64/P rows); and the backward of the
+second layer, the last that needs its gathered weight (for its input's gradient; the first
+layer's input needs none): what one process holds between steps over P, the gradient
+shards of the six layers after it and its own reduce-scatter output (7 shards), its
+gathered weight and its full gradient before the reduce-scatter (2 x 4 MiB).
 """
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 WIDTH, DEPTH, BATCH = 1024, 8, 64
 
 
 def _train(kind: str, width: int, depth: int) -> dict[str, int]:
-    """On every rank (or the one process, kind "plain"): build, one unmeasured step, one
-    measured step."""
+    """On every rank (or the one process, kind "plain"): build, then `measure_step`."""
     import torch
     import torch.distributed as dist
     from dt_core.testing import cpu_mesh
@@ -61,10 +61,9 @@ def _train(kind: str, width: int, depth: int) -> dict[str, int]:
         opt.step()
         opt.zero_grad()
 
-    step()  # Adam's state is created here: part of what every later step starts with
     if kind != "plain":
         dist.barrier()
-    return measure_step(step)
+    return measure_step(step)  # its unmeasured first step creates Adam's state
 
 
 def layer_bytes(width: int) -> int:
@@ -72,26 +71,24 @@ def layer_bytes(width: int) -> int:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from dt_core.testing import World
-    from dt_core.testing.memory import MiB, scaling_report
+    from dt_core.testing.memory import (
+        MiB,
+        allocation_note,
+        measure_one_process,
+        measure_ranks,
+        scaling_report,
+    )
 
     width, depth = (256, 4) if quick else (WIDTH, DEPTH)
     ranks = [2, 4] if quick else [2, 4, 8]
-    with World(1) as one:
-        reference = one.run(_train, "plain", width, depth, timeout=900)[0]
-    measured: dict[str, dict[int, float]] = {"simple_fsdp": {}, "fsdp2": {}}
-    rss: dict[int, float] = {}
-    for p in ranks:
-        for kind in measured:
-            with World(p) as world:
-                per_rank = world.run(_train, kind, width, depth, timeout=900)
-            measured[kind][p] = max(r["peak"] for r in per_rank)
-            if kind == "simple_fsdp":
-                rss[p] = max(r["rss_rise"] for r in per_rank)
-            print(f"{kind} P={p}: {measured[kind][p] / MiB:.1f} MiB per rank", flush=True)
-    grads = depth * layer_bytes(width)
+    reference = measure_one_process(_train, "plain", width, depth)
+    ours = measure_ranks(_train, ranks, "simple_fsdp", width, depth)
+    fsdp2 = measure_ranks(_train, ranks, "fsdp2", width, depth)
     floors = {
-        p: max(reference["peak"] / p, (reference["held"] + grads) / p + 2 * layer_bytes(width))
+        p: max(
+            reference["peak"] / p,
+            reference["held"] / p + (depth - 1) * layer_bytes(width) / p + 2 * layer_bytes(width),
+        )
         for p in ranks
     }
     problem = f"{depth} x Linear({width}, {width}) fp32 + Adam, batch {BATCH}"
@@ -99,17 +96,15 @@ def run(quick: bool) -> dict[str, Any]:
         "dt-fsdp-passes",
         problem,
         reference["peak"],
-        measured["simple_fsdp"],
+        {p: r["peak"] for p, r in ours.items()},
         floors,
         floor_note=(
-            "simple_fsdp eager, defaults; floor: max(one process's peak / P, (its state + "
-            "gradients) / P + a gathered layer and its full gradient); RSS high-water rise "
-            "per rank: "
-            + ", ".join(f"P={p} {rss[p] / MiB:.0f} MiB" for p in ranks)
-            + f" (one process {reference['rss_rise'] / MiB:.0f} MiB)"
+            "simple_fsdp eager, defaults; floor: max(one process's peak / P, its state / P + "
+            f"{depth - 1} gradient shards + a gathered layer and its full gradient); "
+            + allocation_note(reference, ours)
         ),
         targets={4: "<= 0.33"},
-        others={"torch FSDP2 (fully_shard per layer)": measured["fsdp2"]},
+        others={"torch FSDP2 (fully_shard per layer)": {p: r["peak"] for p, r in fsdp2.items()}},
         fits={
             "size": width,
             "what": f"model width ({depth} square linears, Adam)",
@@ -122,16 +117,7 @@ def run(quick: bool) -> dict[str, Any]:
     return {"package": "dt-fsdp-passes", "suite": "memory", "rows": rows, "series": series}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 x Linear(256), P = 2, 4")
-    parser.add_argument("--json", required=True, help="where to write the results")
-    args = parser.parse_args()
-    result = run(args.quick)
-    from dt_core.testing.benchmarks import write_report
-
-    write_report(args.json, "dt-fsdp-passes", result["rows"], result["series"])
-
-
 if __name__ == "__main__":
-    main()
+    from dt_core.testing.benchmarks import memory_main
+
+    memory_main("dt-fsdp-passes", __doc__, run, "4 x Linear(256), P = 2, 4")

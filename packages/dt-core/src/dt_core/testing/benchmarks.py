@@ -9,7 +9,7 @@ series to plot (`title`, `x_label`, `y_label`, `x`, `lines` by label, `log_x`, `
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
@@ -29,3 +29,26 @@ def write_report(
             f"({row['ratio']:.3g}x, target {row['target']}) {row.get('notes', '')}"
         )
         print(line.rstrip(), flush=True)
+
+
+def memory_main(
+    package: str,
+    doc: str,
+    run: Callable[..., Mapping[str, Any]],
+    quick_help: str,
+    options: Mapping[str, str] | None = None,
+) -> None:
+    """The command line of a package's `benchmarks/memory.py`: `--quick`, `--json OUT`
+    and integer `options` ({"--seq": "help"}); calls `run(quick, **options)` and writes
+    its rows and series as `package`'s report."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    for flag, help_text in (options or {}).items():
+        parser.add_argument(flag, type=int, help=help_text)
+    parser.add_argument("--json", required=True, help="where to write the results")
+    args = vars(parser.parse_args())
+    out, quick = args.pop("json"), args.pop("quick")
+    result = run(quick, **args)
+    write_report(out, package, result["rows"], result["series"])

@@ -1,22 +1,27 @@
-"""Per-rank memory of one training step, counted in tensor allocations, for the benchmarks.
+"""Per-rank memory of one training step, for the benchmarks.
 
 A rank's peak is `held + rise`:
 
 - `held`: the bytes of every CPU tensor storage alive in this process just before the step
   that Python can reach (its parameters, optimizer state, inputs: what the rank keeps
   between steps), each storage counted once (`live_tensor_bytes`);
-- `rise`: the highest the bytes held by tensors allocated *within* the step climb, from
-  torch's profiler with `profile_memory=True` (`step_peak_bytes`): every allocation and
-  free through torch's CPU allocator is an event with its address, so an allocation is
-  matched to its free exactly. Tensors alive before the step and freed during it are not
-  subtracted, so `held + rise` is an upper bound of the true peak, tight when the step
-  frees little of what it started with.
+- `rise`: how far the resident set climbs during the step over its value just before,
+  with every block of 64 KiB or more given its own mapping from the process's start
+  (`large_blocks_mapped_alone`: glibc's mmap threshold fixed at 64 KiB), so a tensor's
+  pages come when it is written and go back to the system when it is freed, whichever
+  thread frees it.
 
-Why allocations and not the resident set: RSS also moves with malloc's caching and page
-reuse, thread stacks, gloo's buffers and the interpreter, which do not scale with the
-problem and differ from run to run; the profiler's memory view is what torch itself
-allocated for tensors, the part that falls with P. (torch has no CPU counterpart of
-`torch.cuda.max_memory_allocated`; the profiler is the one public allocator hook.)
+Beside it, `alloc_rise` is torch's own view: the peak of the bytes held by tensors
+allocated within the step, from the profiler's memory events (`step_peak_bytes`: every
+allocation and free through torch's CPU allocator, matched by address). It is exact for
+what the training thread allocates and frees, but the profiler records events only on
+the thread it runs on: a buffer freed on another thread is never seen freed. gloo frees
+the copies its collectives make of their inputs on its worker threads, after a race with
+the caller's wait, so `alloc_rise` counts a varying number of those copies as held to the
+end of the step (torch has no CPU counterpart of `torch.cuda.max_memory_allocated`, and
+the profiler's all-threads mode records no memory events). The resident rise with
+per-block mappings sees those frees; it also counts what is not a tensor but grows with
+the step (gloo's own buffers, the autograd graph), which a rank pays too.
 
 The pure helpers (`peak_from_events`, `largest_fitting`, `fit_inverse_p`) are what the
 unit tests check.
@@ -24,12 +29,14 @@ unit tests check.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
+import os
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,22 +123,93 @@ def _reset_rss_peak() -> None:
         pass
 
 
+MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
+LARGE_BLOCK = 64 * 1024
+
+
+@contextlib.contextmanager
+def large_blocks_mapped_alone() -> Iterator[None]:
+    """Processes started inside this block (a `World`'s ranks) have glibc serve every
+    allocation of `LARGE_BLOCK` bytes or more with its own mapping: a fixed mmap
+    threshold, read by glibc when a process starts (set later, freed heap chunks would
+    still serve large blocks without a rise in the resident set). Elsewhere than glibc
+    the variable does nothing and the resident rise also carries malloc's reuse."""
+    old = os.environ.get(MMAP_THRESHOLD_ENV)
+    os.environ[MMAP_THRESHOLD_ENV] = str(LARGE_BLOCK)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[MMAP_THRESHOLD_ENV]
+        else:
+            os.environ[MMAP_THRESHOLD_ENV] = old
+
+
 def measure_step(step: Callable[[], Any]) -> dict[str, int]:
-    """`held` (live tensor bytes now), `rise` (the profiled step's peak over it) and
-    `peak` = held + rise, for one step; also `rss_rise`, the resident set's high-water
-    mark over its value before the step (Linux; 0 elsewhere), for comparison."""
+    """One step's memory (see the module docstring): `held`, `rise` (the resident set's
+    high-water rise, blocks mapped alone), `peak` = held + rise, and `alloc_rise` (the
+    profiler's allocation view, from another run of the step, so the profiler's own
+    records stay out of the resident rise).
+
+    The step runs once unmeasured first: what it creates to keep (optimizer state, caches,
+    gloo's buffers) is then part of what the rank holds, not of the step's rise. Run it in
+    a process started inside `large_blocks_mapped_alone`; elsewhere it raises, since the
+    resident rise would miss large blocks served from freed heap."""
+    if os.environ.get(MMAP_THRESHOLD_ENV) != str(LARGE_BLOCK):
+        raise RuntimeError(
+            "measure_step: start this process inside large_blocks_mapped_alone() "
+            f"({MMAP_THRESHOLD_ENV}={LARGE_BLOCK}), or its resident rise misses blocks "
+            "that reuse freed heap"
+        )
+    step()
     held = live_tensor_bytes()
-    high = [0]
-
-    def run() -> None:
-        step()
-        high[0] = _status_kib("VmHWM:")
-
     base = _status_kib("VmRSS:")
     _reset_rss_peak()
-    rise = step_peak_bytes(run)
-    rss_rise = max(0, high[0] - base) * 1024
-    return {"held": held, "rise": rise, "peak": held + rise, "rss_rise": rss_rise}
+    step()
+    rise = max(0, _status_kib("VmHWM:") - base) * 1024
+    alloc_rise = step_peak_bytes(step)
+    return {"held": held, "rise": rise, "peak": held + rise, "alloc_rise": alloc_rise}
+
+
+def measure_one_process(fn: Callable[..., dict[str, int]], *args: Any) -> dict[str, int]:
+    """`fn(*args)` (which returns `measure_step`'s dict) in one fresh process whose large
+    blocks are mapped alone: the one-process baseline, or a floor measured alone."""
+    from dt_core.testing import World
+
+    with large_blocks_mapped_alone(), World(1) as one:
+        result: dict[str, int] = one.run(fn, *args, timeout=1800)[0]
+    return result
+
+
+def measure_ranks(
+    fn: Callable[..., dict[str, int]], ranks: Sequence[int], *args: Any
+) -> dict[int, dict[str, int]]:
+    """For each P in `ranks`: `fn(*args)` on P fresh spawned ranks (large blocks mapped
+    alone); each value is the measurement of the rank with the largest peak."""
+    from dt_core.testing import World
+
+    largest: dict[int, dict[str, int]] = {}
+    for p in ranks:
+        with large_blocks_mapped_alone(), World(p) as world:
+            per_rank = world.run(fn, *args, timeout=1800)
+        largest[p] = max(per_rank, key=lambda r: r["peak"])
+        print(
+            f"{getattr(fn, '__name__', 'step')} P={p}: {_mib(largest[p]['peak']):.1f} MiB per rank",
+            flush=True,
+        )
+    return largest
+
+
+def allocation_note(one_process: dict[str, int], by_p: dict[int, dict[str, int]]) -> str:
+    """The profiler's allocation view beside the headline (notes of a report's rows)."""
+    per_p = ", ".join(
+        f"P={p} {_mib(r['held'] + r['alloc_rise']):.1f}" for p, r in sorted(by_p.items())
+    )
+    return (
+        f"torch's allocation view (held + profiler rise), MiB: {per_p} (one process "
+        f"{_mib(one_process['held'] + one_process['alloc_rise']):.1f}); it counts buffers "
+        "freed on gloo's threads as held"
+    )
 
 
 def fit_inverse_p(ranks: Sequence[int], peaks: Sequence[float]) -> tuple[float, float]:
@@ -169,6 +247,26 @@ def _mib(nbytes: float) -> float:
     return nbytes / MiB
 
 
+PEAK_METRIC = "tensors held + resident rise, one training step"
+
+
+def _peak_row(
+    name: str, value: float, baseline: str, baseline_value: float, target: str, notes: str
+) -> dict[str, Any]:
+    """A report row comparing a per-rank peak (bytes) with a baseline (bytes), in MiB."""
+    return {
+        "name": name,
+        "metric": PEAK_METRIC,
+        "value": _mib(value),
+        "unit": "MiB",
+        "baseline": baseline,
+        "baseline_value": _mib(baseline_value),
+        "ratio": value / baseline_value,
+        "target": target,
+        "notes": notes,
+    }
+
+
 def scaling_report(
     label: str,
     problem: str,
@@ -188,50 +286,41 @@ def scaling_report(
     (`largest_fitting` from each measured peak)."""
     targets, others = targets or {}, others or {}
     ranks = sorted(peaks)
-    rows: list[dict[str, Any]] = []
-    for p in ranks:
-        rows.append(
-            {
-                "name": f"per-rank peak memory, P={p}",
-                "metric": "allocated bytes, one training step",
-                "value": _mib(peaks[p]),
-                "unit": "MiB",
-                "baseline": "one process, the whole problem",
-                "baseline_value": _mib(one_process),
-                "ratio": peaks[p] / one_process,
-                "target": targets.get(p, f"~1/{p} = {1 / p:.3g}"),
-                "notes": f"{problem}; 1/P of one process: {_mib(one_process) / p:.1f} MiB",
-            }
+    per_p = ", ".join(f"P={p} {_mib(one_process) / p:.1f}" for p in ranks)
+    rows = [
+        _peak_row(
+            f"per-rank peak memory, P={p}",
+            peaks[p],
+            "one process, the whole problem",
+            one_process,
+            targets.get(p, f"~1/{p} = {1 / p:.3g}"),
+            f"{problem}; one process / P, MiB: {per_p}",
         )
-    for p in ranks:
-        rows.append(
-            {
-                "name": f"per-rank peak vs the floor, P={p}",
-                "metric": "allocated bytes, one training step",
-                "value": _mib(peaks[p]),
-                "unit": "MiB",
-                "baseline": "the floor",
-                "baseline_value": _mib(floors[p]),
-                "ratio": peaks[p] / floors[p],
-                "target": "<= 1.15" if p == 4 else "",
-                "notes": floor_note,
-            }
+        for p in ranks
+    ]
+    rows += [
+        _peak_row(
+            f"per-rank peak vs the floor, P={p}",
+            peaks[p],
+            "the floor",
+            floors[p],
+            "<= 1.15" if p == 4 else "",
+            floor_note,
         )
+        for p in ranks
+    ]
     for name, by_p in others.items():
-        for p in sorted(by_p):
-            rows.append(
-                {
-                    "name": f"{name} per-rank peak, P={p}",
-                    "metric": "allocated bytes, one training step",
-                    "value": _mib(by_p[p]),
-                    "unit": "MiB",
-                    "baseline": "one process, the whole problem",
-                    "baseline_value": _mib(one_process),
-                    "ratio": by_p[p] / one_process,
-                    "target": "for reference",
-                    "notes": f"{problem}; ours at P={p}: {_mib(peaks.get(p, math.nan)):.1f} MiB",
-                }
+        rows += [
+            _peak_row(
+                f"{name} per-rank peak, P={p}",
+                by_p[p],
+                "one process, the whole problem",
+                one_process,
+                "for reference",
+                f"{problem}; ours at P={p}: {_mib(peaks.get(p, math.nan)):.1f} MiB",
             )
+            for p in sorted(by_p)
+        ]
     if fits:
         budget = fits["budget"]
         sizes = {
@@ -265,7 +354,7 @@ def scaling_report(
         {
             "title": f"{label}: per-rank peak memory vs ranks ({problem})",
             "x_label": "ranks P",
-            "y_label": "per-rank peak, allocated (MiB)",
+            "y_label": "per-rank peak (MiB)",
             "x": xs,
             "lines": lines,
             "log_x": True,
