@@ -308,3 +308,26 @@ def test_eager_calls_skip_the_dispatcher_and_tracers_see_the_op() -> None:
             assert torch.equal(layer(tracked, B), expected)
     finally:
         api._torch_op = saved
+
+
+@pytest.mark.ranks(4)
+def test_matmul_reduce_scatter_holds_one_chunk_not_every_rank_s() -> None:
+    """The fused matmul + reduce-scatter adds each peer's chunk as it reads it: what it
+    allocates (torch's allocations on this rank; shared memory is not among them) stays
+    near two chunks of the output, where stacking the P chunks first took P + 1."""
+    import dt_symm_mem
+    import torch.distributed as dist
+    from dt_core.testing.memory import step_peak_bytes
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    A, B = ints((256 * world, 64), rank), ints((64, 1024), 7)
+    chunk_bytes = 256 * 1024 * 4
+    result: list[torch.Tensor] = []
+    dt_symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, dist.group.WORLD)  # workspace
+    peak = step_peak_bytes(
+        lambda: result.append(
+            dt_symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, dist.group.WORLD)
+        )
+    )
+    assert torch.equal(result[0], reduce_scatter(A @ B, "sum", 0))
+    assert peak < 2.5 * chunk_bytes, (peak, chunk_bytes)

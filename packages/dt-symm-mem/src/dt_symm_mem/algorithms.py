@@ -5,9 +5,10 @@ own shard first (peers copy meanwhile), then consumes each peer's shard as soon 
 flag says it is there, walking the ring from rank + 1 so ranks do not all read the same
 peer at once.
 
-produce_all_to_all: every rank produces the chunk each peer needs (directly into its own
-buffer, in ring order, so the next destination can pull while the following chunk is
-being produced), produces its own chunk last, then pulls the chunks addressed to it.
+produce_reduce_scatter: every rank produces the chunk each peer needs (directly into its
+own buffer, in ring order, so the next destination can pull while the following chunk is
+being produced), produces its own chunk last, then adds up the chunks addressed to it as
+it reads them, holding one accumulator rather than every chunk.
 
 Both work on any process-group size; multi-tensor shards (an fp8 shard plus its row-wise
 scales) share one buffer at 64-byte aligned offsets. When the group cannot use shared
@@ -231,25 +232,70 @@ def _all_gather_consume(
             ctypes.memmove(bases[i] + rank * sizes[i], shard.data_ptr(), sizes[i])
 
 
-def produce_all_to_all(
+def _accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Where a sum of `dtype` chunks is carried: float32 for floats narrower than it (one
+    rounding at the end, as torch's own sum of 16-bit floats), int64 for integers and
+    bools (torch's sum promotes them), the dtype itself otherwise."""
+    if dtype.is_floating_point and dtype.itemsize < 4:
+        return torch.float32
+    if not dtype.is_floating_point and not dtype.is_complex:
+        return torch.int64
+    return dtype
+
+
+def _finish(total: torch.Tensor, dtype: torch.dtype, reduce_op: str, world: int) -> torch.Tensor:
+    """`total` (a sum over `world` chunks of `dtype`) as torch's sum / mean over them gives
+    it: averaged for "avg", back in `dtype` unless torch's sum promotes it."""
+    if reduce_op == "avg":
+        total = total.div_(world)
+    result_dtype = torch.int64 if total.dtype == torch.int64 else dtype
+    return total if total.dtype == result_dtype else total.to(result_dtype)
+
+
+def produce_reduce_scatter(
     group: object,
     chunk_shape: Sequence[int],
     dtype: torch.dtype,
     producer: Callable[[int, torch.Tensor], None],
+    reduce_op: str,
 ) -> torch.Tensor:
-    """`producer(dest, out)` writes this rank's chunk for `dest` into `out`. Returns
-    `stacked` with stacked[src] = the chunk rank `src` produced for this rank."""
+    """`producer(dest, out)` writes this rank's chunk for `dest` into `out`. Returns the
+    sum ("sum") or mean ("avg") over ranks of the chunks produced for this rank, in rank
+    order. Each peer's chunk is added to one accumulator as it is read from shared
+    memory: a rank never holds the P chunks at once (P x its share of the output)."""
     world = group.size()  # type: ignore[attr-defined]  # a ProcessGroup
     chunk_numel = torch.Size(chunk_shape).numel()
     es = dtype.itemsize
     handle = get_workspace(group, world * chunk_numel * es)
+    acc_dtype = _accumulator_dtype(dtype)
     if handle is None:
         mine = torch.empty((world, *chunk_shape), dtype=dtype)
         for dest in range(world):
             producer(dest, mine[dest])
         stacked = torch.empty_like(mine)
         all_to_all_single(_bytes_of(stacked), _bytes_of(mine), group=group)
-        return stacked
+        return _finish(stacked.sum(0, dtype=acc_dtype), dtype, reduce_op, world)
+    rank = handle.rank
+    seq, slot = handle.begin_op()
+    for step in range(1, world):
+        dest = (rank + step) % world
+        out = handle.buffer_view(rank, dest * chunk_numel * es, chunk_shape, dtype, slot)
+        producer(dest, out)
+        handle.publish(dest, seq)
+    own = torch.empty(chunk_shape, dtype=dtype)
+    producer(rank, own)
+
+    def chunk_from(src: int) -> torch.Tensor:
+        if src == rank:
+            return own
+        handle.wait_published(src, rank, seq)
+        return handle.buffer_view(src, rank * chunk_numel * es, chunk_shape, dtype, slot)
+
+    # In rank order, as torch's sum over a stack of the chunks.
+    total = chunk_from(0).to(acc_dtype, copy=True)
+    for src in range(1, world):
+        total.add_(chunk_from(src))
+    return _finish(total, dtype, reduce_op, world)
     rank = handle.rank
     seq, slot = handle.begin_op()
     for step in range(1, world):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dt_symm_mem import compat
-from dt_symm_mem.algorithms import all_gather_consume, all_gather_into, produce_all_to_all
+from dt_symm_mem.algorithms import all_gather_consume, all_gather_into, produce_reduce_scatter
 from dt_symm_mem.counters import counters  # how often each kernel ran (tests read ops.counters)
 
 REDUCE_OPS = ("sum", "avg")
@@ -31,10 +31,6 @@ def resolve_group(group: Any) -> Any:
 def _check_reduce_op(reduce_op: str) -> None:
     if reduce_op not in REDUCE_OPS:
         raise ValueError(f"reduce_op must be sum or avg, got {reduce_op!r}")
-
-
-def _reduce(stacked: torch.Tensor, reduce_op: str, dim: int = 0) -> torch.Tensor:
-    return stacked.sum(dim=dim) if reduce_op == "sum" else stacked.mean(dim=dim)
 
 
 def _standard_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -373,8 +369,8 @@ def _matmuls_reduce_scatter(
 
         chunk = (flats[0].shape[0], B.shape[1] // world)
         producer = _summed_products(column_pieces, chunk, A.dtype)
-        stacked = produce_all_to_all(group, chunk, A.dtype, producer)
-        return _standard_contiguous(_reduce(stacked, reduce_op).view(*A.shape[:-1], -1))
+        reduced = produce_reduce_scatter(group, chunk, A.dtype, producer, reduce_op)
+        return _standard_contiguous(reduced.view(*A.shape[:-1], -1))
     x = A.movedim(scatter_dim, 0)
     leading = [world, *x.shape[:-1]]
     leading[1] //= world
@@ -385,9 +381,8 @@ def _matmuls_reduce_scatter(
 
     chunk = (row_chunks[0][0].shape[0], B.shape[1])
     producer = _summed_products(row_pieces, chunk, A.dtype)
-    stacked = produce_all_to_all(group, chunk, A.dtype, producer)
-    result = _reduce(stacked.view(*leading, -1), reduce_op).movedim(0, scatter_dim)
-    return _standard_contiguous(result)
+    reduced = produce_reduce_scatter(group, chunk, A.dtype, producer, reduce_op)
+    return _standard_contiguous(reduced.view(*leading[1:], -1).movedim(0, scatter_dim))
 
 
 def _summed_products(
@@ -483,8 +478,8 @@ def fused_scaled_matmul_reduce_scatter(
             out.copy_(scaled_mm(A_rows, B_cols[dest], a_scale, b_s, biases[dest]))
 
         chunk = (A_rows.shape[0], B.shape[1] // world)
-        stacked = produce_all_to_all(group, chunk, dtype or A.dtype, produce_cols)
-        return _standard_contiguous(_reduce(stacked, reduce_op).view(*lead, -1))
+        reduced = produce_reduce_scatter(group, chunk, dtype or A.dtype, produce_cols, reduce_op)
+        return _standard_contiguous(reduced.view(*lead, -1))
     _check_divisible(lead[dim], world, f"output_shape[{dim}]")
     x = A.reshape(*lead, k).movedim(dim, 0)
     rows = x.flatten(0, -2).chunk(world)
@@ -496,11 +491,11 @@ def fused_scaled_matmul_reduce_scatter(
     def produce(dest: int, out: torch.Tensor) -> None:
         out.copy_(scaled_mm(rows[dest], B, scales[dest], B_scale, bias))
 
-    stacked = produce_all_to_all(group, (rows[0].shape[0], B.shape[1]), dtype or A.dtype, produce)
-    leading = [world, *x.shape[:-1]]
-    leading[1] //= world
-    reduced = _reduce(stacked.view(*leading, -1), reduce_op).movedim(0, dim)
-    return _standard_contiguous(reduced)
+    chunk = (rows[0].shape[0], B.shape[1])
+    reduced = produce_reduce_scatter(group, chunk, dtype or A.dtype, produce, reduce_op)
+    leading = [*x.shape[:-1]]
+    leading[0] //= world
+    return _standard_contiguous(reduced.view(*leading, -1).movedim(0, dim))
 
 
 # --- low-contention collectives ---------------------------------------------------------
@@ -537,5 +532,5 @@ def low_contention_reduce_scatter(
     def produce(dest: int, out: torch.Tensor) -> None:
         out.copy_(chunks[dest])
 
-    stacked = produce_all_to_all(group, chunks[0].shape, tensor.dtype, produce)
-    return _standard_contiguous(_reduce(stacked, reduce_op))
+    reduced = produce_reduce_scatter(group, chunks[0].shape, tensor.dtype, produce, reduce_op)
+    return _standard_contiguous(reduced)
