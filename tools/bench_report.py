@@ -246,8 +246,9 @@ def _machine_lines(run: dict[str, Any]) -> list[str]:
 MEMORY_HEADING = "## Per-rank memory as ranks grow"
 MEMORY_INTRO = (
     "Written by `hatch run bench:report --suite memory` (each package's "
-    "`benchmarks/memory.py`). A fixed whole problem, one training step, P spawned gloo ranks "
-    "(one thread each) against one process with plain torch; the largest rank's peak. A "
+    "`benchmarks/memory.py`). A fixed whole problem, one training step (dt-symm-mem: a "
+    "forward, its ops have no autograd), P spawned gloo ranks (one thread each) against one "
+    "process with plain torch; the largest rank's peak. A "
     "rank's peak is the tensors it holds before the step plus its resident set's rise during "
     "the step, each process started with glibc's mmap threshold fixed at 64 KiB so every "
     "larger block is its own mapping, whose pages go back when it is freed "
@@ -257,7 +258,8 @@ MEMORY_INTRO = (
     "profiler's rise) is in each floor row's notes. The ~266 MiB each rank process carries "
     "before any tensor (the interpreter, torch, gloo) is in neither. Each floor is a lower "
     'bound, computed as its notes and the benchmark\'s docstring say. "What fits" scales '
-    "each measured peak by the size's power (edge², S, width²) to a 1024 MiB per-rank budget."
+    "each measured peak by the size's power (edge², S, width², tokens) to a 1024 MiB "
+    "per-rank budget."
 )
 
 
