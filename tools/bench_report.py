@@ -148,7 +148,12 @@ def import_time(quick: bool) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+REFERENCE_LINES = ("one process / P", "floor")  # drawn thin and dashed, over measured lines
+
+
 def plot(series: dict[str, Any], path: Path) -> None:
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -156,12 +161,27 @@ def plot(series: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     for label, ys in series["lines"].items():
-        ax.plot(series["x"], ys, marker="o", label=label)
+        reference = label in REFERENCE_LINES
+        ax.plot(
+            series["x"],
+            ys,
+            marker="o",
+            label=label,
+            linestyle="--" if reference else "-",
+            linewidth=1.2 if reference else 2,
+            markersize=3 if reference else 6,
+            zorder=3 if reference else 2,
+        )
     ax.set_xscale("log" if series.get("log_x") else "linear")
     ax.set_yscale("log" if series.get("log_y") else "linear")
+    if series.get("log_x") and len(series["x"]) <= 10:  # the measured x values, plainly
+        from matplotlib.ticker import NullLocator
+
+        ax.set_xticks(series["x"], [f"{v:g}" for v in series["x"]])
+        ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel(series["x_label"])
     ax.set_ylabel(series["y_label"])
-    ax.set_title(series["title"], fontsize=10)
+    ax.set_title(textwrap.fill(series["title"], 64), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
