@@ -17,14 +17,16 @@ allocation and free through torch's CPU allocator, matched by address). It is ex
 what the training thread allocates and frees, but the profiler records events only on
 the thread it runs on: a buffer freed on another thread is never seen freed. gloo frees
 the copies its collectives make of their inputs on its worker threads, after a race with
-the caller's wait, so `alloc_rise` counts a varying number of those copies as held to the
-end of the step (torch has no CPU counterpart of `torch.cuda.max_memory_allocated`, and
-the profiler's all-threads mode records no memory events). The resident rise with
-per-block mappings sees those frees; it also counts what is not a tensor but grows with
-the step (gloo's own buffers, the autograd graph), which a rank pays too.
+the caller's wait, so `alloc_rise` counts a varying number of those copies as held until
+their address is reused, often to the end of the step (torch has no CPU counterpart of
+`torch.cuda.max_memory_allocated`, and the profiler's all-threads mode records no memory
+events). The resident rise with per-block mappings sees those frees; it also counts what
+is not a tensor but grows with the step (gloo's own buffers, the autograd graph), which
+a rank pays too.
 
-The pure helpers (`peak_from_events`, `largest_fitting`, `fit_inverse_p`) are what the
-unit tests check.
+The unit tests check the pure helpers (`peak_from_events`, `largest_fitting`,
+`fit_inverse_p`, `scaling_report`) and that the resident rise sees a block freed on
+another thread.
 """
 
 from __future__ import annotations
