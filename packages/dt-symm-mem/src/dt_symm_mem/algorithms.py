@@ -296,19 +296,3 @@ def produce_reduce_scatter(
     for src in range(1, world):
         total.add_(chunk_from(src))
     return _finish(total, dtype, reduce_op, world)
-    rank = handle.rank
-    seq, slot = handle.begin_op()
-    for step in range(1, world):
-        dest = (rank + step) % world
-        out = handle.buffer_view(rank, dest * chunk_numel * es, chunk_shape, dtype, slot)
-        producer(dest, out)
-        handle.publish(dest, seq)
-    stacked = torch.empty((world, *chunk_shape), dtype=dtype)
-    producer(rank, stacked[rank])
-    for step in range(1, world):
-        src = (rank - step) % world
-        handle.wait_published(src, rank, seq)
-        stacked[src].copy_(
-            handle.buffer_view(src, rank * chunk_numel * es, chunk_shape, dtype, slot)
-        )
-    return stacked
