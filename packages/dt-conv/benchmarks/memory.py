@@ -84,7 +84,7 @@ def halo_bytes(width: int, ranks: int) -> int:
     return 4 * neighbours * CHANNELS * width * 4
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from dt_core.testing.memory import (
         MiB,
         allocation_note,
@@ -100,7 +100,7 @@ def run(quick: bool) -> dict[str, Any]:
     ours = measure_ranks(sharded, ranks, size)
     floors = {p: local[p]["peak"] + halo_bytes(size, p) for p in ranks}
     problem = f"1x{CHANNELS}x{size}x{size} fp32, {LAYERS} convs 3x3, sharded on H"
-    rows, series = scaling_report(
+    return scaling_report(
         "dt-conv",
         problem,
         reference["peak"],
@@ -120,7 +120,6 @@ def run(quick: bool) -> dict[str, Any]:
             "budget": 1024 * MiB,
         },
     )
-    return {"package": "dt-conv", "suite": "memory", "rows": rows, "series": series}
 
 
 if __name__ == "__main__":

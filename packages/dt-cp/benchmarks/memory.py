@@ -84,7 +84,7 @@ def ring_buffer_bytes() -> int:
     return 2 * (RING_PREFETCH_CHUNKS + 1) * chunk + 2 * chunk
 
 
-def run(quick: bool, seq: int | None = None) -> dict[str, Any]:
+def run(quick: bool, seq: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from dt_core.testing.memory import (
         MiB,
         allocation_note,
@@ -99,7 +99,7 @@ def run(quick: bool, seq: int | None = None) -> dict[str, Any]:
     ours = measure_ranks(sharded, ranks, seq)
     floors = {p: reference["peak"] / p + ring_buffer_bytes() for p in ranks}
     problem = f"causal SDPA fwd+bwd, B=1 H={HEADS} S={seq} D={DIM} fp32, ring"
-    rows, series = scaling_report(
+    return scaling_report(
         "dt-cp",
         problem,
         reference["peak"],
@@ -121,7 +121,6 @@ def run(quick: bool, seq: int | None = None) -> dict[str, Any]:
             "budget": 1024 * MiB,
         },
     )
-    return {"package": "dt-cp", "suite": "memory", "rows": rows, "series": series}
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def layer_bytes(width: int) -> int:
     return width * width * 4
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from dt_core.testing.memory import (
         MiB,
         allocation_note,
@@ -92,7 +92,7 @@ def run(quick: bool) -> dict[str, Any]:
         for p in ranks
     }
     problem = f"{depth} x Linear({width}, {width}) fp32 + Adam, batch {BATCH}"
-    rows, series = scaling_report(
+    return scaling_report(
         "dt-fsdp-passes",
         problem,
         reference["peak"],
@@ -114,7 +114,6 @@ def run(quick: bool) -> dict[str, Any]:
             "budget": 1024 * MiB,
         },
     )
-    return {"package": "dt-fsdp-passes", "suite": "memory", "rows": rows, "series": series}
 
 
 if __name__ == "__main__":

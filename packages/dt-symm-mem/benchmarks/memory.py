@@ -193,7 +193,7 @@ def floor_bytes(one_process_peak: float, m: int, d: int, ranks: int) -> float:
     return one_process_peak / ranks + workspace_share_bytes(m, d, ranks)
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from dt_core.testing.memory import (
         MiB,
         allocation_note,
@@ -213,7 +213,7 @@ def run(quick: bool) -> dict[str, Any]:
         for p, r in sorted(ours.items())
     )
     problem = f"TP MLP forward, M={m} D={d} F={4 * d} fp32, sequence-parallel x and y"
-    rows, series = scaling_report(
+    return scaling_report(
         "dt-symm-mem",
         problem,
         reference["peak"],
@@ -244,7 +244,6 @@ def run(quick: bool) -> dict[str, Any]:
             "budget": 1024 * MiB,
         },
     )
-    return {"package": "dt-symm-mem", "suite": "memory", "rows": rows, "series": series}
 
 
 if __name__ == "__main__":

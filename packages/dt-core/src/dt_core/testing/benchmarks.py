@@ -34,13 +34,13 @@ def write_report(
 def memory_main(
     package: str,
     doc: str,
-    run: Callable[..., Mapping[str, Any]],
+    run: Callable[..., tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]]]],
     quick_help: str,
     options: Mapping[str, str] | None = None,
 ) -> None:
     """The command line of a package's `benchmarks/memory.py`: `--quick`, `--json OUT`
-    and integer `options` ({"--seq": "help"}); calls `run(quick, **options)` and writes
-    its rows and series as `package`'s report."""
+    and integer `options` ({"--seq": "help"}); calls `run(quick, **options)`, which returns
+    `scaling_report`'s rows and series, and writes them as `package`'s report."""
     import argparse
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -50,5 +50,5 @@ def memory_main(
     parser.add_argument("--json", required=True, help="where to write the results")
     args = vars(parser.parse_args())
     out, quick = args.pop("json"), args.pop("quick")
-    result = run(quick, **args)
-    write_report(out, package, result["rows"], result["series"])
+    rows, series = run(quick, **args)
+    write_report(out, package, rows, series)
