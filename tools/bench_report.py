@@ -148,9 +148,6 @@ def import_time(quick: bool) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-REFERENCE_LINES = ("one process / P", "floor")  # drawn thin and dashed, over measured lines
-
-
 def plot(series: dict[str, Any], path: Path) -> None:
     import textwrap
 
@@ -161,7 +158,8 @@ def plot(series: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     for label, ys in series["lines"].items():
-        reference = label in REFERENCE_LINES
+        # the series' reference lines (1/P, the floor) thin and dashed, over measured ones
+        reference = label in series.get("reference_lines", ())
         ax.plot(
             series["x"],
             ys,

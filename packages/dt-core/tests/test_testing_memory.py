@@ -94,6 +94,7 @@ def test_scaling_report_rows_and_plot() -> None:
     assert plot["x"] == [1, 2, 4]
     assert plot["lines"]["one process / P"] == [400, 200, 100]
     assert plot["lines"]["floor"] == [400, 205, 100]
+    assert plot["reference_lines"] == ["one process / P", "floor"]  # drawn dashed
 
 
 def _free_on_another_thread_then_allocate_again() -> dict[str, int]:

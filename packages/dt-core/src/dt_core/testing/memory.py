@@ -345,10 +345,13 @@ def scaling_report(
                 }
             )
     xs = [1, *ranks]
-    lines = {
-        f"{label} (measured)": [_mib(one_process), *(_mib(peaks[p]) for p in ranks)],
+    reference_lines = {
         "one process / P": [_mib(one_process) / p for p in xs],
         "floor": [_mib(one_process), *(_mib(floors[p]) for p in ranks)],
+    }
+    lines = {
+        f"{label} (measured)": [_mib(one_process), *(_mib(peaks[p]) for p in ranks)],
+        **reference_lines,
     }
     for name, by_p in others.items():
         lines[name] = [_mib(by_p.get(p, float("nan"))) for p in xs]
@@ -361,6 +364,7 @@ def scaling_report(
             "lines": lines,
             "log_x": True,
             "log_y": True,
+            "reference_lines": list(reference_lines),
         }
     ]
     return rows, series
