@@ -38,3 +38,24 @@ HANDLED = (
         for name in (*family, *backward_of(family))
     ),
 )
+
+# Normalizations dt-conv takes only where the input has a sharded spatial (or, for layer
+# norm, normalized) dim; torch keeps the other calls. "name.overload" for each family's
+# forward and backward ops, by the module in `ops.norm` that handles them.
+NORM_FAMILIES = {
+    "batch_norm": (
+        (
+            "native_batch_norm.default",
+            "_native_batch_norm_legit.default",
+            "_native_batch_norm_legit.no_stats",
+            "_native_batch_norm_legit_functional.default",
+            "_native_batch_norm_legit_no_training.default",
+            "_batch_norm_with_update.default",
+            "_batch_norm_with_update_functional.default",
+            "_batch_norm_no_update.default",
+        ),
+        ("native_batch_norm_backward.default", "batch_norm_backward.default"),
+    ),
+    "group_norm": (("native_group_norm.default",), ("native_group_norm_backward.default",)),
+    "layer_norm": (("native_layer_norm.default",), ("native_layer_norm_backward.default",)),
+}

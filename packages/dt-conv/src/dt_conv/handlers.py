@@ -7,6 +7,7 @@ first import is what runs the hooks (`handled_ops` names the ops for them).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -54,6 +55,18 @@ HANDLERS: dict[str, Handler] = {
     **dict.fromkeys(UPSAMPLE, upsample),
     **dict.fromkeys(backward_of(UPSAMPLE), upsample_backward),
 }
+
+
+def handle_norm(
+    family: str, direction: str, op_call: torch._ops.OpOverload, args: tuple, kwargs: dict
+) -> object:
+    """A normalization call dt-conv took (`ops.norm.<family>.takes_<direction>` said yes):
+    torch's error first for bad arguments, then the sharded path (`ops.norm`)."""
+    module = importlib.import_module(f"dt_conv.ops.norm.{family}")
+    if direction == "forward":
+        raise_like_torch(op_call, args, kwargs)
+    run = getattr(module, direction)
+    return run(op_call, args, kwargs)
 
 
 def handle(name: str, op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:

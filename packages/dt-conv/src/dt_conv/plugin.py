@@ -14,7 +14,7 @@ from typing import Any
 
 from dt_core import GraphPass, LibraryOps, OpHandler, hookimpl
 
-from dt_conv.handled_ops import HANDLED, UPSAMPLE
+from dt_conv.handled_ops import HANDLED, NORM_FAMILIES, UPSAMPLE
 
 DT_API = ">=1.0,<2"  # dt-core hook API this plugin is written for
 
@@ -99,12 +99,52 @@ def dt_library_ops() -> list[LibraryOps]:
     return [LibraryOps("aten", _define_composites, ops=ops, kind="IMPL")]
 
 
+def _norm_handler(family: str, direction: str) -> Callable[..., object]:
+    """DTensor's handler for a normalization op of `family`: `handlers.handle_norm`."""
+
+    def run(op_call: Any, args: tuple, kwargs: dict) -> object:
+        from dt_conv.handlers import handle_norm
+
+        return handle_norm(family, direction, op_call, args, kwargs)
+
+    handler = _outside_dynamo(run)
+    handler.__qualname__ = handler.__name__ = f"conv_{family}_{direction}"
+    return handler
+
+
+def _norm_takes(family: str, direction: str) -> Callable[[tuple, dict], bool]:
+    """Which calls of a normalization op dt-conv takes (`ops.norm.<family>`), loaded on
+    the first call."""
+
+    def takes(args: tuple, kwargs: dict) -> bool:
+        import importlib
+
+        module = importlib.import_module(f"dt_conv.ops.norm.{family}")
+        return bool(getattr(module, f"takes_{direction}")(args, kwargs))
+
+    return takes
+
+
+def _norm_handlers(aten: Any) -> list[OpHandler]:
+    found = []
+    for family, (forwards, backwards) in NORM_FAMILIES.items():
+        for direction, names in (("forward", forwards), ("backward", backwards)):
+            for qualified in names:
+                name, overload = qualified.split(".")
+                op = getattr(getattr(aten, name, None), overload, None)
+                if op is not None:  # every one exists on torch 2.11 to 2.15
+                    handler = _norm_handler(family, direction)
+                    found.append(OpHandler(op, handler, takes=_norm_takes(family, direction)))
+    return found
+
+
 @hookimpl
 def dt_op_handlers() -> list[OpHandler]:
     import torch
 
     aten = torch.ops.aten
-    return [OpHandler(getattr(aten, name).default, _handler(name)) for name in HANDLED]
+    handlers = [OpHandler(getattr(aten, name).default, _handler(name)) for name in HANDLED]
+    return handlers + _norm_handlers(aten)
 
 
 def _keep_halo_waits_after_interior(graph: Any) -> None:

@@ -19,10 +19,20 @@ class OpHandler:
     """Take over the whole DTensor dispatch of `op` (like torch's own convolution handler).
 
     `handler(op_call, args, kwargs)` receives DTensor arguments and returns the result.
+    With `takes(args, kwargs) -> bool` the handler takes only the calls it says yes to
+    and can share `op` with other plugins' handlers: dt-core asks each such handler in
+    turn (plugins in load order), and a call none takes goes where it went before (a
+    handler without `takes`, or torch). Two handlers without `takes` for one op conflict.
     """
 
     op: Any  # torch._ops.OpOverload
     handler: Callable[..., object]
+    takes: Callable[[tuple, dict], bool] | None = None
+
+    def claim(self, owner: str) -> str:
+        """The conflict key: the op, or the op and its owner for a handler that takes only
+        some calls (those share the op)."""
+        return str(self.op) if self.takes is None else f"{self.op} [some calls: {owner}]"
 
 
 @dataclass(frozen=True)

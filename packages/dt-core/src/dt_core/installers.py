@@ -76,10 +76,9 @@ def install_local_tensor_rule(owner: str, rule: contributions.LocalTensorRule) -
 
 
 def install_op_handler(owner: str, handler: contributions.OpHandler) -> Undo:
-    from .compat import dispatch
+    from . import shared_handlers
 
-    previous = dispatch.swap_op_handler(handler.op, handler.handler)
-    return lambda: dispatch.swap_op_handler(handler.op, previous)
+    return shared_handlers.install(handler)
 
 
 def install_sharding_strategy(owner: str, strategy: contributions.ShardingStrategy) -> Undo:

@@ -88,7 +88,7 @@ KINDS: tuple[Kind, ...] = (
         record_type=contributions.OpHandler,
         part=DTENSOR,
         install=installers.install_op_handler,
-        claims=lambda owner, handler: [str(handler.op)],
+        claims=lambda owner, handler: [handler.claim(owner)],
         column="ops",
         after_change=_clear_sharding_caches,
     ),

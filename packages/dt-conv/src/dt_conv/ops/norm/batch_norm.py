@@ -1,0 +1,168 @@
+"""Batch norm (and instance norm, which torch runs as a batch norm of one sample) on
+spatially sharded inputs, every aten variant eager and compiled code reaches.
+
+Train mode: per-channel mean and variance over the batch and every rank's rows
+(`moments.global_moments`), the output through torch's own kernel with those statistics,
+the running statistics updated as one process would (unbiased variance from the global
+count). Eval mode: the running statistics, no communication. Backward: the two per-channel
+sums (of the gradient, and of the gradient times the normalized input) are global, one
+all-reduce; the weight and bias gradients are those sums, replicated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from dt_core.kit import Unsupported, bind_arguments
+from torch.distributed.tensor import DTensor
+
+from .common import fall_back, local, replicated_like, shards_spatial, wrap
+from .layout import NormLayout, norm_layout
+from .moments import accumulation_dtype, global_moments, global_sums
+
+aten = torch.ops.aten
+
+# forward overloads: (train mode: the argument naming it, or fixed; how the running
+# statistics change: "in_place", "returned" (functional variants) or "none"; whether a
+# reserve tensor is returned too)
+FORWARD = {
+    "native_batch_norm.default": ("training", "in_place", 0),
+    "_native_batch_norm_legit.default": ("training", "in_place", 0),
+    "_native_batch_norm_legit.no_stats": ("training", "none", 0),
+    "_native_batch_norm_legit_functional.default": ("training", "returned", 0),
+    "_native_batch_norm_legit_no_training.default": (False, "none", 0),
+    "_batch_norm_with_update.default": (True, "in_place", 1),
+    "_batch_norm_with_update_functional.default": (True, "returned", 1),
+    "_batch_norm_no_update.default": (False, "none", 1),
+}
+
+
+def takes_forward(args: tuple, kwargs: dict) -> bool:
+    """The calls dt-conv takes: the input has a spatial dim sharded."""
+    return bool(args) and shards_spatial(args[0])
+
+
+def takes_backward(args: tuple, kwargs: dict) -> bool:
+    """The backward calls dt-conv takes: the forward's input has a spatial dim sharded."""
+    return len(args) > 1 and shards_spatial(args[1])
+
+
+def _layout(x: DTensor) -> NormLayout:
+    reduced = [d for d in range(x.ndim) if d != 1]
+    return norm_layout(x.device_mesh, x.shape, x.placements, reduced,
+                       blocked={1: "channels sharded as well as a spatial dim"})
+
+
+def _channels(t: torch.Tensor, ndim: int) -> torch.Tensor:
+    """A per-channel vector shaped to broadcast against an (N, C, *spatial) tensor."""
+    return t.reshape(1, -1, *([1] * (ndim - 2)))
+
+
+def forward(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    values = bind_arguments(op_call, args, kwargs)
+    x = values["input"]
+    if x.ndim < 2:
+        raise Unsupported("input without channels")
+    try:
+        layout = _layout(x)
+    except Unsupported as exc:
+        return fall_back(str(exc), op_call, values, _forward, like="input")
+    return _forward(op_call, values, layout)
+
+
+def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = None) -> Any:
+    x: DTensor = values["input"]
+    layout = layout or _layout(x)
+    training_from, update, extra = FORWARD[_name(op_call)]
+    training = bool(values[training_from]) if isinstance(training_from, str) else training_from
+    weight, bias = local(values["weight"]), local(values["bias"])
+    running_mean, running_var = local(values.get("running_mean")), local(values.get("running_var"))
+    eps, momentum = float(values["eps"]), values["momentum"]
+    xl = x.to_local()
+    acc = accumulation_dtype(xl.dtype)
+    channels = x.shape[1]
+    if training or running_mean is None:
+        mean, var = global_moments(xl, layout)
+        mean, var = mean.reshape(channels), var.reshape(channels)
+    else:
+        mean, var = running_mean.to(acc), running_var.to(acc)
+    out = F.batch_norm(xl, mean, var, weight, bias, training=False, eps=eps)
+    results: list[Any] = [wrap(out, layout)]
+    if training:
+        invstd = torch.rsqrt(var + eps)
+        results += [replicated_like(mean, layout), replicated_like(invstd, layout)]
+    else:  # eval mode saves nothing, as torch's kernels
+        empty = xl.new_empty((0,), dtype=acc)
+        results += [replicated_like(empty, layout), replicated_like(empty.clone(), layout)]
+    if extra:
+        results.append(replicated_like(xl.new_empty((0,), dtype=torch.uint8), layout))
+    if training and running_mean is not None and update != "none":
+        count = layout.count
+        unbiased = var * (count / max(count - 1, 1))
+        new_mean = (1 - momentum) * running_mean + momentum * mean.to(running_mean.dtype)
+        new_var = (1 - momentum) * running_var + momentum * unbiased.to(running_var.dtype)
+        if update == "in_place":
+            with torch.no_grad():
+                running_mean.copy_(new_mean)
+                running_var.copy_(new_var)
+        else:
+            results += [replicated_like(new_mean, layout), replicated_like(new_var, layout)]
+    elif update == "returned":  # new tensors, never the inputs (functional ops)
+        results += [values["running_mean"].clone(), values["running_var"].clone()]
+    return tuple(results)
+
+
+def backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    values = bind_arguments(op_call, args, kwargs)
+    x = values["input"]
+    try:
+        layout = _layout(x)
+    except Unsupported as exc:
+        return fall_back(str(exc), op_call, values, _backward, like="input")
+    return _backward(op_call, values, layout)
+
+
+def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = None) -> Any:
+    x: DTensor = values["input"]
+    layout = layout or _layout(x)
+    grad = values["grad_out"]
+    if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(x.placements):
+        grad = grad.redistribute(x.device_mesh, x.placements)
+    dy, xl = local(grad), x.to_local()
+    acc = accumulation_dtype(xl.dtype)
+    train = bool(values["train"] if "train" in values else values["update"])
+    eps = float(values["eps"])
+    weight = local(values["weight"])
+    mask = list(values["output_mask"])
+    if train:
+        mean, invstd = local(values["save_mean"]), local(
+            values["save_invstd"] if "save_invstd" in values else values["save_var"])
+    else:
+        mean = local(values["running_mean"]).to(acc)
+        invstd = torch.rsqrt(local(values["running_var"]).to(acc) + eps)
+    nd = xl.ndim
+    dy_acc = dy.to(acc)
+    xhat = (xl.to(acc) - _channels(mean, nd)) * _channels(invstd, nd)
+    reduced = layout.reduced
+    sum_dy, sum_dy_xhat = global_sums([dy_acc.sum(reduced, keepdim=True),
+                                       (dy_acc * xhat).sum(reduced, keepdim=True)], layout)
+    scale = _channels(invstd, nd) if weight is None else _channels(invstd * weight.to(acc), nd)
+    grad_input = None
+    if mask[0]:
+        if train:
+            count = layout.count
+            gi = scale * (dy_acc - sum_dy / count - xhat * (sum_dy_xhat / count))
+        else:
+            gi = scale * dy_acc
+        grad_input = wrap(gi.to(xl.dtype), layout)
+    param_dtype = weight.dtype if weight is not None else xl.dtype
+    grad_weight = (replicated_like(sum_dy_xhat.reshape(-1).to(param_dtype), layout)
+                   if mask[1] else None)
+    grad_bias = replicated_like(sum_dy.reshape(-1).to(param_dtype), layout) if mask[2] else None
+    return grad_input, grad_weight, grad_bias
+
+
+def _name(op_call: Any) -> str:
+    return f"{op_call._schema.name.split('::')[1]}.{op_call._overloadname}"
