@@ -22,6 +22,13 @@ Each piece is found by looking at torch's tables, never by version number:
   backward calls: shards of the dims it does not flip stay, a pending sum passes.
 - `constant_pad_nd`'s strategy again, where torch registers it without a cache key
   (2.11): DTensor then gives a second pad of the same input the first pad's shape.
+
+And what no torch of the window has yet, where torch alone raises:
+
+- a sharding strategy for `aten._prelu_kernel_backward` (PReLU's backward, MONAI's
+  default activation): element-wise, so any shard of the input stays, the weight sliced
+  along the dim it spans (channels) or replicated where it broadcasts; linear in the
+  gradient, so a pending sum passes.
 """
 
 from __future__ import annotations
@@ -156,6 +163,28 @@ def flip_placements(*args: Any, **kwargs: Any) -> list[tuple[list, list]]:
     return [([p], [p, None]) for p in layouts]
 
 
+def prelu_backward_placements(*args: Any, **kwargs: Any) -> list[tuple[list, list]]:
+    """`_prelu_kernel_backward(grad, input, weight) -> (grad_input, grad_weight)`, both
+    outputs shaped like the input: a shard of any input dim stays on the gradient, the
+    input and both outputs; the weight is sharded alike along a dim it spans, replicated
+    along one it broadcasts on; a pending-sum gradient passes (both outputs are linear in
+    it) with input and weight replicated."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    x, weight = args[1], args[2]
+    layouts: list[tuple[list, list]] = []
+    offset = x.ndim - weight.ndim  # the weight broadcasts from the right
+    for d in range(x.ndim):
+        wd = d - offset
+        spans = wd >= 0 and weight.shape[wd] == x.shape[d] and x.shape[d] != 1
+        w = Shard(wd) if spans else Replicate()
+        layouts.append(([Shard(d), Shard(d)], [Shard(d), Shard(d), w]))
+    layouts.append(([Replicate(), Replicate()], [Replicate(), Replicate(), Replicate()]))
+    for p in (Partial("sum"), Partial("avg")):
+        layouts.append(([p, p], [p, Replicate(), Replicate()]))
+    return layouts
+
+
 def _pooled_dims(name: str) -> int:
     return next(n for n in (1, 2, 3) if f"{n}d" in name)
 
@@ -183,6 +212,9 @@ def dt_sharding_strategies() -> list[ShardingStrategy]:
     flip = torch.ops.aten.flip.default
     if not sharding_rules.has_sharding_entry(flip):
         gaps.append(ShardingStrategy(flip, flip_placements, kind="placements"))
+    prelu_backward = torch.ops.aten._prelu_kernel_backward.default
+    if not sharding_rules.has_sharding_entry(prelu_backward):
+        gaps.append(ShardingStrategy(prelu_backward, prelu_backward_placements, kind="placements"))
     pad = torch.ops.aten.constant_pad_nd.default
     if sharding_rules.lacks_cache_key(pad):
         gaps.append(ShardingStrategy(pad, constant_pad_placements, kind="placements"))

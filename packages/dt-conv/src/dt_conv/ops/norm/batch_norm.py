@@ -16,7 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from dt_core.kit import Unsupported, bind_arguments
-from torch.distributed.tensor import DTensor
+from dt_core.dtensors import as_dtensor
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from .common import fall_back, local, replicated_like, shards_spatial, wrap
 from .layout import NormLayout, norm_layout
@@ -51,8 +52,34 @@ def takes_backward(args: tuple, kwargs: dict) -> bool:
 
 def _layout(x: DTensor) -> NormLayout:
     reduced = [d for d in range(x.ndim) if d != 1]
-    return norm_layout(x.device_mesh, x.shape, x.placements, reduced,
-                       blocked={1: "channels sharded as well as a spatial dim"})
+    return norm_layout(x.device_mesh, x.shape, x.placements, reduced)
+
+
+def _channel_placements(layout: NormLayout) -> list[Placement]:
+    """A per-channel vector's placements: sharded where the input's channels are (an
+    instance norm of a batch-sharded input, whose batch became channels), else replicated."""
+    return [Shard(0) if isinstance(p, Shard) and p.dim == 1 else Replicate()
+            for p in layout.placements]
+
+
+def _my_channels(value: Any, layout: NormLayout) -> Any:
+    """This rank's channels of a replicated per-channel vector (a slice, no communication)."""
+    if not isinstance(value, DTensor):
+        return value
+    return value.redistribute(layout.mesh, _channel_placements(layout)).to_local()
+
+
+def _per_channel_result(t: torch.Tensor, layout: NormLayout) -> DTensor:
+    """This rank's channels of a per-channel result, as a DTensor sharded like them."""
+    return as_dtensor(t, layout.mesh, _channel_placements(layout), (layout.shape[1],))
+
+
+def _all_channels(t: torch.Tensor, layout: NormLayout) -> torch.Tensor:
+    """Every channel of a per-channel result (gathered over the mesh dims sharding them)."""
+    if all(isinstance(p, Replicate) for p in _channel_placements(layout)):
+        return t
+    whole = [Replicate()] * layout.mesh.ndim
+    return _per_channel_result(t, layout).redistribute(layout.mesh, whole).to_local()
 
 
 def _channels(t: torch.Tensor, ndim: int) -> torch.Tensor:
@@ -77,22 +104,22 @@ def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = N
     layout = layout or _layout(x)
     training_from, update, extra = FORWARD[_name(op_call)]
     training = bool(values[training_from]) if isinstance(training_from, str) else training_from
-    weight, bias = local(values["weight"]), local(values["bias"])
+    weight, bias = _my_channels(values["weight"], layout), _my_channels(values["bias"], layout)
     running_mean, running_var = local(values.get("running_mean")), local(values.get("running_var"))
     eps, momentum = float(values["eps"]), values["momentum"]
     xl = x.to_local()
     acc = accumulation_dtype(xl.dtype)
-    channels = x.shape[1]
     if training or running_mean is None:
         mean, var = global_moments(xl, layout)
-        mean, var = mean.reshape(channels), var.reshape(channels)
+        mean, var = mean.reshape(-1), var.reshape(-1)
     else:
-        mean, var = running_mean.to(acc), running_var.to(acc)
+        mean = _my_channels(values["running_mean"], layout).to(acc)
+        var = _my_channels(values["running_var"], layout).to(acc)
     out = F.batch_norm(xl, mean, var, weight, bias, training=False, eps=eps)
     results: list[Any] = [wrap(out, layout)]
     if training:
         invstd = torch.rsqrt(var + eps)
-        results += [replicated_like(mean, layout), replicated_like(invstd, layout)]
+        results += [_per_channel_result(mean, layout), _per_channel_result(invstd, layout)]
     else:  # eval mode saves nothing, as torch's kernels
         empty = xl.new_empty((0,), dtype=acc)
         results += [replicated_like(empty, layout), replicated_like(empty.clone(), layout)]
@@ -100,8 +127,9 @@ def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = N
         results.append(replicated_like(xl.new_empty((0,), dtype=torch.uint8), layout))
     if training and running_mean is not None and update != "none":
         count = layout.count
-        unbiased = var * (count / max(count - 1, 1))
-        new_mean = (1 - momentum) * running_mean + momentum * mean.to(running_mean.dtype)
+        unbiased = _all_channels(var, layout) * (count / max(count - 1, 1))
+        batch_mean = _all_channels(mean, layout).to(running_mean.dtype)
+        new_mean = (1 - momentum) * running_mean + momentum * batch_mean
         new_var = (1 - momentum) * running_var + momentum * unbiased.to(running_var.dtype)
         if update == "in_place":
             with torch.no_grad():
@@ -134,14 +162,15 @@ def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = 
     acc = accumulation_dtype(xl.dtype)
     train = bool(values["train"] if "train" in values else values["update"])
     eps = float(values["eps"])
-    weight = local(values["weight"])
+    weight = _my_channels(values["weight"], layout)
     mask = list(values["output_mask"])
     if train:
-        mean, invstd = local(values["save_mean"]), local(
-            values["save_invstd"] if "save_invstd" in values else values["save_var"])
+        mean = _my_channels(values["save_mean"], layout)
+        invstd = _my_channels(
+            values["save_invstd"] if "save_invstd" in values else values["save_var"], layout)
     else:
-        mean = local(values["running_mean"]).to(acc)
-        invstd = torch.rsqrt(local(values["running_var"]).to(acc) + eps)
+        mean = _my_channels(values["running_mean"], layout).to(acc)
+        invstd = torch.rsqrt(_my_channels(values["running_var"], layout).to(acc) + eps)
     nd = xl.ndim
     dy_acc = dy.to(acc)
     xhat = (xl.to(acc) - _channels(mean, nd)) * _channels(invstd, nd)
@@ -158,9 +187,10 @@ def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = 
             gi = scale * dy_acc
         grad_input = wrap(gi.to(xl.dtype), layout)
     param_dtype = weight.dtype if weight is not None else xl.dtype
-    grad_weight = (replicated_like(sum_dy_xhat.reshape(-1).to(param_dtype), layout)
-                   if mask[1] else None)
-    grad_bias = replicated_like(sum_dy.reshape(-1).to(param_dtype), layout) if mask[2] else None
+    grad_weight = (replicated_like(_all_channels(sum_dy_xhat.reshape(-1), layout).to(param_dtype),
+                                   layout) if mask[1] else None)
+    grad_bias = (replicated_like(_all_channels(sum_dy.reshape(-1), layout).to(param_dtype), layout)
+                 if mask[2] else None)
     return grad_input, grad_weight, grad_bias
 
 

@@ -62,7 +62,10 @@ def global_moments(x: torch.Tensor, layout: NormLayout) -> tuple[torch.Tensor, t
     gathered = as_dtensor(stacked, layout.mesh, placements, stat_shape)
     every = [Replicate() if i in reducing else p for i, p in enumerate(placements)]
     parts = gathered.redistribute(layout.mesh, every).to_local()
-    parts = parts.reshape(-1, *parts.shape[lead:])  # one row per rank, in rank order
+    ranks_reducing = 1
+    for size in mesh_sizes:
+        ranks_reducing *= size
+    parts = parts.reshape(ranks_reducing, *parts.shape[lead:])  # a row per rank, in order
     counts, means, m2s = parts.unbind(1)
     total = counts.sum(0)
     mean = (counts * means).sum(0) / total
