@@ -285,7 +285,8 @@ def test_patches_named_by_module_wait_for_its_import() -> None:
 
 
 def test_torch_gaps_fills_only_what_torch_lacks_and_takes_it_out_again(core) -> None:
-    """dt-core's torch-gaps plugin: only ops torch's own tables lack (none from 2.13 on);
+    """dt-core's torch-gaps plugin: only ops torch's own tables lack (from 2.13 on, only
+    PReLU's backward, which no torch of the window has);
     with one of torch's interpolation strategies taken away (as torch 2.12 lacks it), the
     plugin fills it, the op then runs exact on DTensors, and deactivate removes it."""
     from dt_core import torch_gaps
@@ -297,8 +298,9 @@ def test_torch_gaps_fills_only_what_torch_lacks_and_takes_it_out_again(core) -> 
     # each one torch lacks, or one it registers without a cache key (2.11's constant pad)
     assert all(not has_sharding_entry(op) or lacks_cache_key(op) for op in filled)
     bilinear_backward = torch.ops.aten.upsample_bilinear2d_backward.default
-    if has_sharding_entry(bilinear_backward):
-        assert filled == []  # a torch with every piece (2.13 on)
+    assert torch.ops.aten._prelu_kernel_backward.default in filled
+    if has_sharding_entry(bilinear_backward):  # a torch with every older piece (2.13 on)
+        assert filled == [torch.ops.aten._prelu_kernel_backward.default]
     else:
         assert bilinear_backward in filled  # 2.11, 2.12
     op = torch.ops.aten.upsample_nearest2d_backward.default
@@ -330,3 +332,84 @@ def test_torch_gaps_fills_only_what_torch_lacks_and_takes_it_out_again(core) -> 
     finally:
         for name, value in taken.items():
             tables[name][op] = value
+
+
+def test_handlers_that_take_some_calls_share_an_op_and_leave_the_rest(core) -> None:
+    """Two plugins' handlers with `takes` share one op: each call goes to the first that
+    takes it, a call neither takes to what handled the op before (torch's own handler
+    here); no conflict is reported, and deactivate() puts torch's handler back."""
+    table = dispatch.op_handler_table()
+    before = table.get(CONV)
+    seen: list[str] = []
+
+    def handler(name: str):
+        def run(op_call, args, kwargs):
+            seen.append(name)
+            return name
+
+        return run
+
+    for name, wanted in (("evens", 0), ("odds", 1)):
+        dt_core.register_plugin(
+            plugin(
+                dt_op_handlers=lambda name=name, wanted=wanted: [
+                    dt_core.OpHandler(
+                        CONV, handler(name), takes=lambda a, k, w=wanted: a[0] % 2 == w
+                    )
+                ]
+            ),
+            name,
+        )
+        core.append(name)
+    infos = {p.name: p for p in dt_core.activate()}
+    assert infos["evens"].state == infos["odds"].state == "active"
+    shared = table[CONV]
+    assert shared(CONV, (2,), {}) == "evens" and shared(CONV, (3,), {}) == "odds"
+    assert seen == ["evens", "odds"]
+    assert shared.otherwise is before  # the calls neither takes: torch's own handler
+    dt_core.deactivate()
+    assert table.get(CONV) is before
+
+
+def test_two_handlers_that_take_every_call_still_conflict(core) -> None:
+    for name in ("first", "second"):
+        dt_core.register_plugin(
+            plugin(dt_op_handlers=lambda: [dt_core.OpHandler(CONV, _handler)]), name
+        )
+        core.append(name)
+    with pytest.raises(dt_core.PluginConflictError, match="both claim"):
+        dt_core.activate(lazy=False)
+
+
+@pytest.mark.parametrize("parameters", [1, 4])
+def test_prelu_backward_keeps_every_shard(parameters: int) -> None:
+    """PReLU forward and backward on inputs sharded along batch, channels or rows (2
+    simulated ranks) against one process: the gradients of input and weight match, and
+    the input's gradient keeps the input's placement (torch alone raises: no strategy)."""
+    import copy
+
+    from dt_core.testing import rank_values, simulated_ranks
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+
+    gen = torch.Generator().manual_seed(parameters)
+    x = torch.randn(2, 4, 6, 5, generator=gen, dtype=torch.float64)
+    layer = torch.nn.PReLU(parameters).double()
+    with torch.no_grad():
+        layer.weight.uniform_(0.1, 0.9, generator=gen)
+    ref, xr = copy.deepcopy(layer), x.clone().requires_grad_()
+    (ref(xr) ** 2).sum().backward()
+    for placement in (Shard(0), Shard(1), Shard(2)):
+        with simulated_ranks(2) as mode:
+            mesh = init_device_mesh("cpu", (2,))
+            sharded = copy.deepcopy(layer)
+            distribute_module(sharded, mesh)
+            xd = distribute_tensor(x, mesh, [placement]).requires_grad_()
+            (sharded(xd) ** 2).sum().backward()
+            assert xd.grad.placements == (placement,)
+            grads = (xd.grad.full_tensor(), sharded.weight.grad.full_tensor())
+            with mode.disable():
+                got = [rank_values(g, 2) for g in grads]
+        for rank in range(2):
+            torch.testing.assert_close(got[0][rank], xr.grad)
+            torch.testing.assert_close(got[1][rank], ref.weight.grad)
