@@ -27,7 +27,7 @@ class OpHandler:
 
     op: Any  # torch._ops.OpOverload
     handler: Callable[..., object]
-    takes: Callable[[tuple, dict], bool] | None = None
+    takes: Callable[[tuple[Any, ...], dict[str, Any]], bool] | None = None
 
     def claim(self, owner: str) -> str:
         """The conflict key: the op, or the op and its owner for a handler that takes only

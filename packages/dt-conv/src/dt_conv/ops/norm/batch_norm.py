@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from dt_core.kit import Unsupported, bind_arguments
 from dt_core.dtensors import as_dtensor
+from dt_core.kit import Unsupported, bind_arguments
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from .common import fall_back, local, replicated_like, shards_spatial, wrap
@@ -58,8 +58,9 @@ def _layout(x: DTensor) -> NormLayout:
 def _channel_placements(layout: NormLayout) -> list[Placement]:
     """A per-channel vector's placements: sharded where the input's channels are (an
     instance norm of a batch-sharded input, whose batch became channels), else replicated."""
-    return [Shard(0) if isinstance(p, Shard) and p.dim == 1 else Replicate()
-            for p in layout.placements]
+    return [
+        Shard(0) if isinstance(p, Shard) and p.dim == 1 else Replicate() for p in layout.placements
+    ]
 
 
 def _my_channels(value: Any, layout: NormLayout) -> Any:
@@ -88,7 +89,7 @@ def _channels(t: torch.Tensor, ndim: int) -> torch.Tensor:
 
 
 def forward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values = bind_arguments(op_call, args, kwargs)
+    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
     x = values["input"]
     if x.ndim < 2:
         raise Unsupported("input without channels")
@@ -143,7 +144,7 @@ def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = N
 
 
 def backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values = bind_arguments(op_call, args, kwargs)
+    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
     x = values["input"]
     try:
         layout = _layout(x)
@@ -167,7 +168,8 @@ def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = 
     if train:
         mean = _my_channels(values["save_mean"], layout)
         invstd = _my_channels(
-            values["save_invstd"] if "save_invstd" in values else values["save_var"], layout)
+            values["save_invstd"] if "save_invstd" in values else values["save_var"], layout
+        )
     else:
         mean = _my_channels(values["running_mean"], layout).to(acc)
         invstd = torch.rsqrt(_my_channels(values["running_var"], layout).to(acc) + eps)
@@ -175,8 +177,9 @@ def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = 
     dy_acc = dy.to(acc)
     xhat = (xl.to(acc) - _channels(mean, nd)) * _channels(invstd, nd)
     reduced = layout.reduced
-    sum_dy, sum_dy_xhat = global_sums([dy_acc.sum(reduced, keepdim=True),
-                                       (dy_acc * xhat).sum(reduced, keepdim=True)], layout)
+    sum_dy, sum_dy_xhat = global_sums(
+        [dy_acc.sum(reduced, keepdim=True), (dy_acc * xhat).sum(reduced, keepdim=True)], layout
+    )
     scale = _channels(invstd, nd) if weight is None else _channels(invstd * weight.to(acc), nd)
     grad_input = None
     if mask[0]:
@@ -187,10 +190,16 @@ def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = 
             gi = scale * dy_acc
         grad_input = wrap(gi.to(xl.dtype), layout)
     param_dtype = weight.dtype if weight is not None else xl.dtype
-    grad_weight = (replicated_like(_all_channels(sum_dy_xhat.reshape(-1), layout).to(param_dtype),
-                                   layout) if mask[1] else None)
-    grad_bias = (replicated_like(_all_channels(sum_dy.reshape(-1), layout).to(param_dtype), layout)
-                 if mask[2] else None)
+    grad_weight = (
+        replicated_like(_all_channels(sum_dy_xhat.reshape(-1), layout).to(param_dtype), layout)
+        if mask[1]
+        else None
+    )
+    grad_bias = (
+        replicated_like(_all_channels(sum_dy.reshape(-1), layout).to(param_dtype), layout)
+        if mask[2]
+        else None
+    )
     return grad_input, grad_weight, grad_bias
 
 

@@ -29,11 +29,17 @@ def local(value: Any) -> Any:
     return value.to_local() if isinstance(value, DTensor) else value
 
 
-def wrap(t: torch.Tensor, layout: NormLayout, placements: Sequence[Placement] | None = None,
-         shape: Sequence[int] | None = None) -> DTensor:
+def wrap(
+    t: torch.Tensor,
+    layout: NormLayout,
+    placements: Sequence[Placement] | None = None,
+    shape: Sequence[int] | None = None,
+) -> DTensor:
     """A local result as a DTensor laid out like the normalized tensor (or `placements`)."""
     return as_dtensor(
-        t, layout.mesh, layout.placements if placements is None else placements,
+        t,
+        layout.mesh,
+        layout.placements if placements is None else placements,
         layout.shape if shape is None else shape,
     )
 
@@ -57,7 +63,8 @@ def fall_back(
     x = values[like]
     full = {
         k: v.redistribute(v.device_mesh, [Replicate()] * v.device_mesh.ndim)
-        if isinstance(v, DTensor) and k not in _IN_PLACE else v
+        if isinstance(v, DTensor) and k not in _IN_PLACE
+        else v
         for k, v in values.items()
     }
     out = run(op_call, full)

@@ -36,10 +36,17 @@ def _grouped(x: DTensor, groups: int) -> NormLayout:
     """The layout of x viewed as (N, groups, C // groups, *spatial), reducing per group."""
     n, c, *spatial = x.shape
     shape = (n, groups, c // groups, *spatial)
-    placements = [Shard(p.dim + 1) if p.is_shard() and p.dim >= 2 else p  # type: ignore[attr-defined]
-                  for p in x.placements]
-    return norm_layout(x.device_mesh, shape, placements, range(2, len(shape)),
-                       blocked={1: "channels sharded as well as a spatial dim"})
+    placements = [
+        Shard(p.dim + 1) if p.is_shard() and p.dim >= 2 else p  # type: ignore[attr-defined]
+        for p in x.placements
+    ]
+    return norm_layout(
+        x.device_mesh,
+        shape,
+        placements,
+        range(2, len(shape)),
+        blocked={1: "channels sharded as well as a spatial dim"},
+    )
 
 
 def _view(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -57,7 +64,7 @@ def _per_channel(t: torch.Tensor | None, groups: int, ndim: int) -> Any:
 
 
 def forward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values = bind_arguments(op_call, args, kwargs)
+    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
     x: DTensor = values["input"]
     groups = int(values["group"])
     try:
@@ -92,7 +99,7 @@ def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = N
 
 
 def backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values = bind_arguments(op_call, args, kwargs)
+    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
     x: DTensor = values["input"]
     try:
         layout = _grouped(x, int(values["group"]))
@@ -118,7 +125,8 @@ def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = 
     rows = NormLayout(layout.mesh, layout.shape, layout.placements, tuple(range(3, nd)))
     spatial = tuple(range(3, nd))
     sum_dy, sum_dy_xhat = global_sums(
-        [dy.sum(spatial, keepdim=True), (dy * xhat).sum(spatial, keepdim=True)], rows)
+        [dy.sum(spatial, keepdim=True), (dy * xhat).sum(spatial, keepdim=True)], rows
+    )
     weight = local(values["weight"])
     w = 1 if weight is None else _per_channel(weight.to(acc), groups, nd)
     mask = list(values["output_mask"])
@@ -140,8 +148,14 @@ def _over_batch(total: torch.Tensor, x: DTensor, dtype: torch.dtype) -> DTensor:
     """A per-channel parameter gradient: summed over this rank's samples, then over the
     mesh dims sharding the batch; replicated."""
     per_channel = total.sum(0).reshape(-1)
-    batch = NormLayout(x.device_mesh, (x.shape[0], x.shape[1]),
-                       tuple(p if p.is_shard() and p.dim == 0 else Replicate()  # type: ignore[attr-defined]
-                             for p in x.placements), (0,))
+    batch = NormLayout(
+        x.device_mesh,
+        (x.shape[0], x.shape[1]),
+        tuple(
+            p if p.is_shard() and p.dim == 0 else Replicate()  # type: ignore[attr-defined]
+            for p in x.placements
+        ),
+        (0,),
+    )
     summed = global_sums([per_channel.reshape(1, -1)], batch)[0].reshape(-1)
     return wrap(summed.to(dtype), batch, [Replicate()] * x.device_mesh.ndim, summed.shape)

@@ -53,9 +53,8 @@ def _param_placements(x: DTensor, first: int, leading: Placement) -> list[Placem
     mesh dims sharding a leading dim."""
     out: list[Placement] = []
     for p in x.placements:
-        if p.is_shard():  # type: ignore[attr-defined]
-            d = p.dim  # type: ignore[attr-defined]
-            out.append(Shard(d - first) if d >= first else leading)
+        if isinstance(p, Shard):
+            out.append(Shard(p.dim - first) if p.dim >= first else leading)
         else:
             out.append(Replicate())
     return out
@@ -69,7 +68,7 @@ def _sliced(param: Any, x: DTensor, first: int) -> Any:
 
 
 def forward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values = bind_arguments(op_call, args, kwargs)
+    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
     x: DTensor = values["input"]
     try:
         layout = _layout(x, values["normalized_shape"])
@@ -103,7 +102,7 @@ def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = N
 
 
 def backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values = bind_arguments(op_call, args, kwargs)
+    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
     x: DTensor = values["input"]
     try:
         layout = _layout(x, values["normalized_shape"])
@@ -131,7 +130,8 @@ def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = 
     grad_input = None
     if mask[0]:
         s1, s2 = global_sums(
-            [g.sum(reduced, keepdim=True), (g * xhat).sum(reduced, keepdim=True)], layout)
+            [g.sum(reduced, keepdim=True), (g * xhat).sum(reduced, keepdim=True)], layout
+        )
         count = layout.count
         gi = local(values["rstd"]) * (g - s1 / count - xhat * (s2 / count))
         grad_input = wrap(gi.to(xl.dtype), layout)
@@ -144,10 +144,12 @@ def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = 
     return grad_input, grads[0], grads[1]
 
 
-def _param_grad(part: torch.Tensor, x: DTensor, first: int, shape: Any,
-                dtype: torch.dtype) -> DTensor:
+def _param_grad(
+    part: torch.Tensor, x: DTensor, first: int, shape: Any, dtype: torch.dtype
+) -> DTensor:
     """A parameter gradient from this rank's partial sum over its leading rows: summed
     over the ranks sharding leading dims, gathered over those sharding normalized dims."""
-    pending = as_dtensor(part.to(dtype), x.device_mesh, _param_placements(x, first, Partial()),
-                         tuple(shape))
+    pending = as_dtensor(
+        part.to(dtype), x.device_mesh, _param_placements(x, first, Partial()), tuple(shape)
+    )
     return pending.redistribute(x.device_mesh, [Replicate()] * x.device_mesh.ndim)

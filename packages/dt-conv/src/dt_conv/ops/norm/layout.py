@@ -50,7 +50,8 @@ class NormLayout:
     def stat_placements(self, reduced_as: Placement) -> list[Placement]:
         """A statistic's placements: `reduced_as` on the mesh dims that reduce (Partial
         for sums), the tensor's own shard of a kept dim, else Replicate."""
-        return [reduced_as if i in self.reduce_mesh_dims else p for i, p in enumerate(self.placements)]
+        reducing = self.reduce_mesh_dims
+        return [reduced_as if i in reducing else p for i, p in enumerate(self.placements)]
 
 
 def norm_layout(
