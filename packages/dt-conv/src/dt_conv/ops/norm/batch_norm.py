@@ -16,10 +16,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from dt_core.dtensors import as_dtensor
-from dt_core.kit import Unsupported, bind_arguments
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
-from .common import fall_back, local, replicated_like, shards_spatial, wrap
+from .common import laid_out_like, local, replicated_like, sharded_or_fallback, shards_spatial, wrap
 from .layout import NormLayout, norm_layout
 from .moments import accumulation_dtype, global_moments, global_sums
 
@@ -88,21 +87,16 @@ def _channels(t: torch.Tensor, ndim: int) -> torch.Tensor:
     return t.reshape(1, -1, *([1] * (ndim - 2)))
 
 
+def _plan(values: dict[str, Any]) -> NormLayout:
+    return _layout(values["input"])
+
+
 def forward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
-    x = values["input"]
-    if x.ndim < 2:
-        raise Unsupported("input without channels")
-    try:
-        layout = _layout(x)
-    except Unsupported as exc:
-        return fall_back(str(exc), op_call, values, _forward, like="input")
-    return _forward(op_call, values, layout)
+    return sharded_or_fallback(op_call, args, kwargs, _plan, _forward)
 
 
-def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = None) -> Any:
+def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout) -> Any:
     x: DTensor = values["input"]
-    layout = layout or _layout(x)
     training_from, update, extra = FORWARD[_name(op_call)]
     training = bool(values[training_from]) if isinstance(training_from, str) else training_from
     weight, bias = _my_channels(values["weight"], layout), _my_channels(values["bias"], layout)
@@ -144,21 +138,12 @@ def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = N
 
 
 def backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
-    x = values["input"]
-    try:
-        layout = _layout(x)
-    except Unsupported as exc:
-        return fall_back(str(exc), op_call, values, _backward, like="input")
-    return _backward(op_call, values, layout)
+    return sharded_or_fallback(op_call, args, kwargs, _plan, _backward)
 
 
-def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = None) -> Any:
+def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout) -> Any:
     x: DTensor = values["input"]
-    layout = layout or _layout(x)
-    grad = values["grad_out"]
-    if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(x.placements):
-        grad = grad.redistribute(x.device_mesh, x.placements)
+    grad = laid_out_like(values["grad_out"], x)
     dy, xl = local(grad), x.to_local()
     acc = accumulation_dtype(xl.dtype)
     train = bool(values["train"] if "train" in values else values["update"])

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from dt_core.dtensors import as_dtensor
-from dt_core.kit import warn_fallback
+from dt_core.kit import Unsupported, bind_arguments, warn_fallback
 from torch.distributed.tensor import DTensor, Placement, Replicate
 
 from .layout import NormLayout
@@ -49,25 +49,41 @@ def replicated_like(t: torch.Tensor, layout: NormLayout) -> DTensor:
     return as_dtensor(t, layout.mesh, [Replicate()] * layout.mesh.ndim, t.shape)
 
 
-def fall_back(
-    reason: str,
-    op_call: Any,
-    values: dict[str, Any],
-    run: Callable[[Any, dict[str, Any]], Any],
-    like: str,
-) -> Any:
+Plan = Callable[[dict[str, Any]], NormLayout]
+Run = Callable[[Any, dict[str, Any], NormLayout], Any]
+
+
+def sharded_or_fallback(op_call: Any, args: tuple, kwargs: dict, plan: Plan, run: Run) -> Any:
+    """`run(op_call, arguments by name, layout)` with the layout `plan` makes of them;
+    where `plan` refuses (`Unsupported`), the same `run` on replicated inputs."""
+    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
+    try:
+        layout = plan(values)
+    except Unsupported as exc:
+        return _fall_back(str(exc), op_call, values, plan, run)
+    return run(op_call, values, layout)
+
+
+def laid_out_like(grad: Any, x: DTensor) -> Any:
+    """An output gradient laid out like the forward's input (autograd may hand another)."""
+    if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(x.placements):
+        return grad.redistribute(x.device_mesh, x.placements)
+    return grad
+
+
+def _fall_back(reason: str, op_call: Any, values: dict[str, Any], plan: Plan, run: Run) -> Any:
     """The op on replicated inputs through the same code (so running statistics are
-    updated in place as on the sharded path), its tensor outputs shaped like argument
-    `like` laid out like it again; warned once per op and reason."""
-    warn_fallback("conv", str(op_call), reason, stacklevel=5)
-    x = values[like]
+    updated in place as on the sharded path), its tensor outputs shaped like the input
+    laid out like it again; warned once per op and reason."""
+    warn_fallback("conv", str(op_call), reason, stacklevel=6)
+    x = values["input"]
     full = {
         k: v.redistribute(v.device_mesh, [Replicate()] * v.device_mesh.ndim)
         if isinstance(v, DTensor) and k not in _IN_PLACE
         else v
         for k, v in values.items()
     }
-    out = run(op_call, full)
+    out = run(op_call, full, plan(full))
 
     def back(t: Any) -> Any:
         if isinstance(t, DTensor) and t.shape == x.shape:

@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from dt_core.kit import Unsupported, bind_arguments
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from .common import fall_back, local, shards_spatial, wrap
+from .common import laid_out_like, local, sharded_or_fallback, shards_spatial, wrap
 from .layout import NormLayout, norm_layout
 from .moments import accumulation_dtype, global_moments, global_sums
 
@@ -63,21 +62,17 @@ def _per_channel(t: torch.Tensor | None, groups: int, ndim: int) -> Any:
     return None if t is None else t.reshape(1, groups, -1, *([1] * (ndim - 3)))
 
 
+def _plan(values: dict[str, Any]) -> NormLayout:
+    return _grouped(values["input"], int(values["group"]))
+
+
 def forward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
-    x: DTensor = values["input"]
-    groups = int(values["group"])
-    try:
-        layout = _grouped(x, groups)
-    except Unsupported as exc:
-        return fall_back(str(exc), op_call, values, _forward, like="input")
-    return _forward(op_call, values, layout)
+    return sharded_or_fallback(op_call, args, kwargs, _plan, _forward)
 
 
-def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = None) -> Any:
+def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout) -> Any:
     x: DTensor = values["input"]
     groups = int(values["group"])
-    layout = layout or _grouped(x, groups)
     xl = x.to_local()
     acc = accumulation_dtype(xl.dtype)
     xv = _view(xl, groups).to(acc)
@@ -99,22 +94,13 @@ def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = N
 
 
 def backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
-    x: DTensor = values["input"]
-    try:
-        layout = _grouped(x, int(values["group"]))
-    except Unsupported as exc:
-        return fall_back(str(exc), op_call, values, _backward, like="input")
-    return _backward(op_call, values, layout)
+    return sharded_or_fallback(op_call, args, kwargs, _plan, _backward)
 
 
-def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = None) -> Any:
+def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout) -> Any:
     x: DTensor = values["input"]
     groups = int(values["group"])
-    layout = layout or _grouped(x, groups)
-    grad = values["grad_out"]
-    if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(x.placements):
-        grad = grad.redistribute(x.device_mesh, x.placements)
+    grad = laid_out_like(values["grad_out"], x)
     xl = x.to_local()
     acc = accumulation_dtype(xl.dtype)
     xv, dy = _view(xl, groups).to(acc), _view(local(grad), groups).to(acc)

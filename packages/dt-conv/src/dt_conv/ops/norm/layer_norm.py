@@ -14,10 +14,9 @@ from typing import Any
 
 import torch
 from dt_core.dtensors import as_dtensor
-from dt_core.kit import Unsupported, bind_arguments
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from .common import fall_back, local, wrap
+from .common import laid_out_like, local, sharded_or_fallback, wrap
 from .layout import NormLayout, norm_layout, shards_any
 from .moments import accumulation_dtype, global_moments, global_sums
 
@@ -67,20 +66,17 @@ def _sliced(param: Any, x: DTensor, first: int) -> Any:
     return param.redistribute(x.device_mesh, _param_placements(x, first, Replicate())).to_local()
 
 
+def _plan(values: dict[str, Any]) -> NormLayout:
+    return _layout(values["input"], values["normalized_shape"])
+
+
 def forward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
-    x: DTensor = values["input"]
-    try:
-        layout = _layout(x, values["normalized_shape"])
-    except Unsupported as exc:
-        return fall_back(str(exc), op_call, values, _forward, like="input")
-    return _forward(op_call, values, layout)
+    return sharded_or_fallback(op_call, args, kwargs, _plan, _forward)
 
 
-def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = None) -> Any:
+def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout) -> Any:
     x: DTensor = values["input"]
     shape = values["normalized_shape"]
-    layout = layout or _layout(x, shape)
     first = _first_normalized(x, shape)
     xl = x.to_local()
     acc = accumulation_dtype(xl.dtype)
@@ -102,23 +98,14 @@ def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = N
 
 
 def backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
-    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
-    x: DTensor = values["input"]
-    try:
-        layout = _layout(x, values["normalized_shape"])
-    except Unsupported as exc:
-        return fall_back(str(exc), op_call, values, _backward, like="input")
-    return _backward(op_call, values, layout)
+    return sharded_or_fallback(op_call, args, kwargs, _plan, _backward)
 
 
-def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout | None = None) -> Any:
+def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout) -> Any:
     x: DTensor = values["input"]
     shape = values["normalized_shape"]
-    layout = layout or _layout(x, shape)
     first = _first_normalized(x, shape)
-    grad = values["grad_out"]
-    if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(x.placements):
-        grad = grad.redistribute(x.device_mesh, x.placements)
+    grad = laid_out_like(values["grad_out"], x)
     xl = x.to_local()
     acc = accumulation_dtype(xl.dtype)
     dy = local(grad).to(acc)
