@@ -130,6 +130,31 @@ def test_import_torch_loads_only_what_arming_needs() -> None:
     assert off == ["dt_core", "dt_core.autoload", "dt_core.lazy"]
 
 
+ACTIVATE_FROM_EACH_MODULE = """
+import importlib, sys, warnings
+warnings.simplefilter("error", RuntimeWarning)  # a plugin that fails warns so
+importlib.import_module(sys.argv[1])
+from torch.distributed.tensor import DTensor
+import dt_core
+print("STATE", " ".join(sorted(p.name + ":" + p.state for p in dt_core.plugins())))
+"""
+
+
+@pytest.mark.parametrize("first", ["dt_core.dtensors", "dt_core.kit", "torch.distributed.tensor"])
+def test_every_installed_plugin_activates_whichever_module_is_imported_first(first: str) -> None:
+    """With every installed plugin enabled (torch-gaps included), importing a dt-core
+    module that itself imports DTensor first activates them all: no plugin's hook may
+    import a module that is still being imported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DT_PLUGINS_")}
+    script = textwrap.dedent(ACTIVATE_FROM_EACH_MODULE)
+    result = subprocess.run(
+        [sys.executable, "-c", script, first], capture_output=True, text=True, env=env, timeout=120
+    )
+    states = lines(result, "STATE")[0].split()
+    assert "torch-gaps:active" in states and "sample:active" in states
+    assert all(s.endswith(":active") for s in states), states
+
+
 def test_autoload_off_installs_nothing_until_activate() -> None:
     script = """
     import torch, torch.distributed.tensor as t

@@ -29,13 +29,21 @@ And what no torch of the window has yet, where torch alone raises:
   default activation): element-wise, so any shard of the input stays, the weight sliced
   along the dim it spans (channels) or replicated where it broadcasts; linear in the
   gradient, so a pending sum passes.
+
+And where torch alone is silently wrong:
+
+- batch norm in train mode on a channel-sharded input leaves the module's running
+  statistics unchanged (torch updates a redistributed copy): an op handler that takes
+  those calls, and only those, runs each rank's channels and gathers the updated
+  statistics (`channel_batch_norm`). It shares the ops with plugins' handlers for other
+  placements (dt-conv takes the spatially sharded calls).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .contributions import ShardingStrategy
+from .contributions import OpHandler, ShardingStrategy
 from .hookspecs import hookimpl
 
 DT_API = ">=1.0,<2"
@@ -219,3 +227,13 @@ def dt_sharding_strategies() -> list[ShardingStrategy]:
     if sharding_rules.lacks_cache_key(pad):
         gaps.append(ShardingStrategy(pad, constant_pad_placements, kind="placements"))
     return gaps
+
+
+@hookimpl
+def dt_op_handlers() -> list[OpHandler]:
+    from . import channel_batch_norm
+
+    return [
+        OpHandler(op, channel_batch_norm.handle, takes=channel_batch_norm.takes_for(op))
+        for op in channel_batch_norm.ops()
+    ]

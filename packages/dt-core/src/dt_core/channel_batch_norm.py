@@ -1,0 +1,131 @@
+"""Batch norm in train mode on a channel-sharded input: the running statistics updated.
+
+Torch's sharding strategy computes the output and gradients of a channel-sharded batch
+norm right, but it hands the kernel a redistributed copy of the replicated running mean
+and variance, so the kernel's in-place update lands in the copy and the module's running
+statistics never change (checked on torch 2.11-2.15). Evaluating a model trained so is
+silently wrong. Per-channel statistics need nothing from other channels, so each rank runs
+the kernel on its own channels, with its slice of the weight, bias and running statistics,
+and one all-gather of C numbers per statistic brings every rank the updated vectors.
+
+A batch shard next to the channel one is gathered first (as torch's strategy does, the
+batch statistics need every sample); spatial shards are dt-conv's, never taken here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# Train-mode forward overloads that update running statistics: the argument naming train
+# mode (or True where the op always trains), and whether the update is in place or
+# returned (functional variants, what compiled code reaches).
+UPDATING = {
+    "native_batch_norm.default": ("training", "in_place"),
+    "_native_batch_norm_legit.default": ("training", "in_place"),
+    "_native_batch_norm_legit_functional.default": ("training", "returned"),
+    "_batch_norm_with_update.default": (True, "in_place"),
+    "_batch_norm_with_update_functional.default": (True, "returned"),
+}
+
+BATCH, CHANNELS = 0, 1
+
+
+def ops() -> list[Any]:
+    """The overloads this torch has, of those in `UPDATING`."""
+    found = []
+    for name in UPDATING:
+        packet_name, overload = name.split(".")
+        packet = getattr(torch.ops.aten, packet_name, None)
+        op = getattr(packet, overload, None) if packet is not None else None
+        if op is not None:
+            found.append(op)
+    return found
+
+
+def _name(op_call: Any) -> str:
+    return f"{op_call._schema.name.split('::')[1]}.{op_call._overloadname}"
+
+
+def takes_for(op: Any) -> Callable[[tuple, dict], bool]:
+    """The `takes` of `op`'s handler: train mode, running statistics that are replicated
+    DTensors, and an input whose only shards are channel (and batch) shards."""
+    training_from, _ = UPDATING[_name(op)]
+
+    def takes(args: tuple, kwargs: dict) -> bool:
+        from torch.distributed.tensor import DTensor
+
+        from .kit.arguments import bind_arguments
+
+        values = bind_arguments(op, args, kwargs)
+        x, running_mean = values["input"], values["running_mean"]
+        training = values[training_from] if isinstance(training_from, str) else training_from
+        if not (training and isinstance(x, DTensor) and isinstance(running_mean, DTensor)):
+            return False
+        if not all(p.is_replicate() for p in running_mean.placements):
+            return False
+        shards = [p for p in x.placements if not p.is_replicate()]
+        return any(p.is_shard(CHANNELS) for p in shards) and all(
+            p.is_shard(CHANNELS) or p.is_shard(BATCH) for p in shards
+        )
+
+    return takes
+
+
+def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """The op on each rank's channels; running statistics gathered and updated."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    # imported here: dt-core activates plugins while torch.distributed.tensor (which
+    # dtensors imports) is being imported
+    from .dtensors import as_dtensor
+    from .kit.arguments import bind_arguments
+
+    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
+    _, update = UPDATING[_name(op_call)]
+    x: DTensor = values["input"]
+    mesh = x.device_mesh
+    # the batch gathered, channels left where they are
+    placements = [Replicate() if p.is_shard(BATCH) else p for p in x.placements]
+    if placements != list(x.placements):
+        x = x.redistribute(mesh, placements)
+    per_channel = [Shard(0) if p.is_shard(CHANNELS) else Replicate() for p in placements]
+    channels = x.shape[CHANNELS]
+    whole = [Replicate()] * mesh.ndim
+
+    def mine(value: Any) -> Any:
+        if not isinstance(value, DTensor):
+            return value
+        return value.redistribute(mesh, per_channel).to_local()
+
+    local = {k: mine(v) for k, v in values.items()}
+    local["input"] = x.to_local()
+    # the kernel's in-place update must land in tensors of this handler's own
+    local["running_mean"] = local["running_mean"].clone()
+    local["running_var"] = local["running_var"].clone()
+    results = op_call(*local.values())
+    out, save_mean, save_invstd = results[:3]
+    wrapped: list[Any] = [
+        as_dtensor(out, mesh, placements, x.shape),
+        as_dtensor(save_mean, mesh, per_channel, (channels,)),
+        as_dtensor(save_invstd, mesh, per_channel, (channels,)),
+    ]
+    if _name(op_call).startswith("_batch_norm_with_update"):  # the reserve, empty on CPU
+        wrapped.append(as_dtensor(results[3], mesh, whole, results[3].shape))
+    if update == "in_place":
+        new_mean, new_var = local["running_mean"], local["running_var"]
+    else:
+        new_mean, new_var = results[-2], results[-1]
+    gathered = [
+        as_dtensor(t, mesh, per_channel, (channels,)).redistribute(mesh, whole)
+        for t in (new_mean, new_var)
+    ]
+    if update == "in_place":
+        with torch.no_grad():
+            values["running_mean"].copy_(gathered[0])
+            values["running_var"].copy_(gathered[1])
+    else:
+        wrapped += gathered
+    return tuple(wrapped)

@@ -1,0 +1,171 @@
+"""Batch norm in train mode on channel-sharded inputs: the running statistics are updated
+as on one process (torch alone leaves them unchanged), and nothing else changes.
+
+Each case trains two steps and evaluates one against the same module on one process:
+output, input gradient, weight and bias gradients, running mean and variance. The eager
+sweep runs on simulated ranks; the compiled case on 2 gloo ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from dt_core.testing import cpu_mesh
+
+TWO_STEPS_AND_EVAL = ("train", "train", "eval")
+
+
+def _module(kind: str, channels: int) -> torch.nn.Module:
+    if kind == "bn1d":
+        return torch.nn.BatchNorm1d(channels)
+    if kind == "bn3d":
+        return torch.nn.BatchNorm3d(channels)
+    if kind == "cumulative":  # momentum None: the running average of every batch so far
+        return torch.nn.BatchNorm2d(channels, momentum=None)
+    return torch.nn.BatchNorm2d(channels)
+
+
+def _input(kind: str, channels: int, step: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(step)
+    shape = {"bn1d": (4, channels, 3), "bn3d": (4, channels, 3, 2, 3)}.get(
+        kind, (4, channels, 5, 3)
+    )
+    return torch.randn(shape, generator=gen, dtype=torch.float64) * 3 + 1.5
+
+
+def _one_process(reference: torch.nn.Module, kind: str, channels: int) -> list[dict]:
+    """What one process computes in each step: the values the sharded run must match."""
+    steps = []
+    for step, phase in enumerate(TWO_STEPS_AND_EVAL):
+        reference.train(phase == "train")
+        reference.zero_grad()
+        x = _input(kind, channels, step).requires_grad_()
+        y = reference(x)
+        (y * y).sum().backward()
+        values = [y, x.grad, reference.weight.grad, reference.bias.grad]
+        values += [reference.running_mean, reference.running_var, reference.num_batches_tracked]
+        steps.append(dict(zip(WHAT, [v.detach().clone() for v in values])))
+    return steps
+
+
+WHAT = ("output", "input grad", "weight grad", "bias grad", "running mean", "running var")
+WHAT += ("batches tracked",)
+
+
+def _train_and_compare(
+    module, expected, mesh, placements, kind, channels, run=None, mode=None
+) -> None:
+    """The steps of `_one_process` on `module` (distributed), compared with `expected`;
+    with `mode` (simulated ranks) every simulated rank's values are compared."""
+    import contextlib
+
+    from dt_core.testing import rank_values
+    from torch.distributed.tensor import distribute_tensor
+
+    run = module if run is None else run
+    world = mesh.size()
+    for step, phase in enumerate(TWO_STEPS_AND_EVAL):
+        module.train(phase == "train")
+        module.zero_grad()
+        xd = distribute_tensor(_input(kind, channels, step), mesh, placements).requires_grad_()
+        y = run(xd)
+        (y * y).sum().backward()
+        values = [y, xd.grad, module.weight.grad, module.bias.grad]
+        values += [module.running_mean, module.running_var, module.num_batches_tracked]
+        full = [v.full_tensor() for v in values]
+        with mode.disable() if mode is not None else contextlib.nullcontext():
+            for what, got in zip(WHAT, full):
+                want = expected[step][what]
+                for value in rank_values(got, world):
+                    torch.testing.assert_close(
+                        value, want, atol=1e-10, rtol=1e-10, msg=lambda m, w=what: f"{w}: {m}"
+                    )
+
+
+# (mesh shape, input placements); every case shards the channels somewhere
+LAYOUTS = [
+    ((2,), ("S1",)),
+    ((3,), ("S1",)),
+    ((2, 2), ("S0", "S1")),
+    ((2, 2), ("S1", "R")),
+    ((2, 2), ("S1", "S1")),
+]
+
+
+def _placements(names):
+    from torch.distributed.tensor import Replicate, Shard
+
+    return [Replicate() if n == "R" else Shard(int(n[1])) for n in names]
+
+
+CASES = [("bn2d", layout) for layout in LAYOUTS]
+CASES += [(kind, ((2, 2), ("S0", "S1"))) for kind in ("bn1d", "bn3d", "cumulative")]
+
+
+@pytest.mark.parametrize(("kind", "layout"), CASES, ids=lambda v: str(v))
+def test_channel_sharded_batch_norm_trains_as_one_process(kind: str, layout) -> None:
+    """Channel counts uneven on the mesh (5 channels) and even (6) alike."""
+    from dt_core.testing import simulated_ranks
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_module
+
+    shape, names = layout
+    world = 1
+    for n in shape:
+        world *= n
+    for channels in (5, 6):
+        torch.manual_seed(channels)
+        reference = _module(kind, channels).double()
+        with torch.no_grad():
+            reference.weight.uniform_(0.5, 1.5)
+            reference.bias.uniform_(-0.5, 0.5)
+        module = copy.deepcopy(reference)
+        expected = _one_process(reference, kind, channels)
+        with simulated_ranks(world) as mode:
+            mesh = init_device_mesh("cpu", shape)
+            distribute_module(module, mesh)
+            placements = _placements(names)
+            _train_and_compare(module, expected, mesh, placements, kind, channels, mode=mode)
+
+
+def test_functional_batch_norm_with_replicated_statistics() -> None:
+    """`F.batch_norm` called with replicated running statistics (no module) updates them
+    in place, as on one process."""
+    import torch.nn.functional as F
+    from dt_core.testing import rank_values, simulated_ranks
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    x = _input("bn2d", 6, 0)
+    mean, var = torch.zeros(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64)
+    expected = F.batch_norm(x, mean, var, training=True, momentum=0.3)
+    with simulated_ranks(2) as mode:
+        mesh = init_device_mesh("cpu", (2,))
+        xd = distribute_tensor(x, mesh, [Shard(1)])
+        md = distribute_tensor(torch.zeros(6, dtype=torch.float64), mesh, [Replicate()])
+        vd = distribute_tensor(torch.ones(6, dtype=torch.float64), mesh, [Replicate()])
+        got = F.batch_norm(xd, md, vd, training=True, momentum=0.3)
+        pairs = [(got.full_tensor(), expected), (md.full_tensor(), mean), (vd.full_tensor(), var)]
+        with mode.disable():
+            for full, want in pairs:
+                for value in rank_values(full, 2):
+                    torch.testing.assert_close(value, want)
+    assert not torch.equal(mean, torch.zeros(6, dtype=torch.float64))  # it did move
+
+
+@pytest.mark.ranks(2)
+def test_channel_sharded_batch_norm_compiled_fullgraph() -> None:
+    """The same under torch.compile(fullgraph=True) (aot_eager: functionalized, so the
+    update arrives as the functional op's returned statistics)."""
+    from torch.distributed.tensor import Shard, distribute_module
+
+    torch.manual_seed(0)
+    reference = torch.nn.BatchNorm2d(5).double()
+    module = copy.deepcopy(reference)
+    expected = _one_process(reference, "bn2d", 5)
+    mesh = cpu_mesh(2)
+    distribute_module(module, mesh)
+    compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
+    _train_and_compare(module, expected, mesh, [Shard(1)], "bn2d", 5, run=compiled)
