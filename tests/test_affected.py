@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# what this module checks does not differ between torch releases (.ci/run: newest only)
+pytestmark = pytest.mark.ci_once
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tools" / "affected.py"
 EVERYTHING = ["dt-core", "dt-conv", "dt-cp", "dt-fsdp-passes", "dt-symm-mem", "cross", "lint"]

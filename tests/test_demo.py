@@ -12,6 +12,11 @@ import time
 from importlib.util import find_spec
 from pathlib import Path
 
+import pytest
+
+# what this module checks does not differ between torch releases (.ci/run: newest only)
+pytestmark = pytest.mark.ci_once
+
 ROOT = Path(__file__).resolve().parent.parent
 PLUGINS = {
     "dt-conv": "dt_conv",

@@ -272,6 +272,7 @@ def _train_under_torch_cp(model, reference, local_batch, restore) -> None:  # ty
     assert stats().get("cp", {}).get("score_elements", 0) > before  # dt-cp's kernels ran
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(4, timeout=900)
 def test_fsdp2_x_context_parallel_head_tail_compiled_per_block() -> None:
     """dp x cp = 2 x 2: FSDP2 over all four ranks (torchtitan shards over dp and cp
@@ -312,6 +313,7 @@ def test_fsdp2_x_context_parallel_head_tail_compiled_per_block() -> None:
     _train_under_torch_cp(model, reference, local_batch, restore)
 
 
+@pytest.mark.ci_once
 @pytest.mark.ranks(8, timeout=900)
 def test_fsdp2_x_tp_x_cp_on_a_2x2x2_mesh_eager() -> None:
     """dp x cp x tp = 2 x 2 x 2, torchtitan's order: the sequence split over cp by torch's

@@ -432,6 +432,7 @@ def _compiled_fsdp_tp(backend: str) -> dict:
     }
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(4, timeout=600)
 def test_compiled_fsdp_x_tp_buckets_fsdp_and_fuses_tp_then_aot_eager_matches() -> None:
     """Eager FSDP x TP, then Inductor, then aot_eager, in one process: the sequence in
@@ -469,6 +470,7 @@ def test_compiled_fsdp_x_tp_buckets_fsdp_and_fuses_tp_then_aot_eager_matches() -
     assert errors[0] < TOL and errors[1] < TOL, errors
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(4, timeout=600)
 def test_compiled_hsdp_buckets_reduce_scatters_and_replicate_all_reduces() -> None:
     import torch
@@ -587,6 +589,7 @@ def test_eager_reshard_regathers_dtensor_parameters_in_backward() -> None:
 
 
 # The demo's stack stage uses dt-cp's attention: a cross-plugin test.
+@pytest.mark.ci_once
 @pytest.mark.ranks(4, timeout=300)
 def test_stack_stage_loss_curve_equals_one_process() -> None:
     from dt_fsdp_passes.demo import run_stack_stage

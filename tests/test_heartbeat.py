@@ -15,6 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 from heartbeat import Heartbeat  # noqa: E402
 
+# what this module checks does not differ between torch releases (.ci/run: newest only)
+pytestmark = pytest.mark.ci_once
+
 
 def test_a_quiet_phase_is_reminded_every_interval() -> None:
     out = io.StringIO()

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# what this module checks does not differ between torch releases (.ci/run: newest only)
+pytestmark = pytest.mark.ci_once
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists())
 

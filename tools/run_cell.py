@@ -1,12 +1,13 @@
 """Run one test cell's pytest: `python tools/run_cell.py PATHS... [pytest args]`.
 
 Every cell runs every test, except when `DT_TEST_SCOPE=ci` (what `.ci/run` sets): then
-the cells of a torch axis in the middle of the window (hatch.toml marks the oldest and
-newest with `DT_TORCH_EDGE=1`) deselect the tests marked `compile_heavy`, whose cost is
-Inductor compiling what another test already checks exactly. Those run in full on the
-oldest and newest torch, so each release still runs every package's exactness tests and
-every compiled feature is compiled with the releases that bound the window. pytest
-prints how many it deselected.
+the cells of every torch axis but the window's newest (hatch.toml marks it with
+`DT_TORCH_NEWEST=1`) deselect the tests marked `compile_heavy` (their cost is compiling
+what another test checks exactly) and `ci_once` (what they check does not differ between
+releases, or they are the larger twin of a case every release runs). Those run on the
+newest torch, so each release still runs every package's exactness tests, eager and
+compiled, and the whole suite runs once per CI run. pytest prints how many it
+deselected. The forge workflow runs every test on every release.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent.parent / "build" / "test-results"
 
-HEAVY = "compile_heavy"
+NEWEST_ONLY = ("compile_heavy", "ci_once")
 
 
-def selection(scope: str, edge: bool) -> list[str]:
+def selection(scope: str, newest: bool) -> list[str]:
     """pytest arguments that narrow a cell for `scope` ("ci" or "full") on an axis that is
-    (`edge`) or is not the oldest or newest of the window."""
-    if scope == "ci" and not edge:
-        return ["-m", f"not {HEAVY}"]
+    (`newest`) or is not the newest of the window."""
+    if scope == "ci" and not newest:
+        return ["-m", " and ".join(f"not {marker}" for marker in NEWEST_ONLY)]
     return []
 
 
@@ -54,14 +55,15 @@ def main(argv: list[str]) -> int:
     if scope not in ("full", "ci"):
         print(f"run_cell: DT_TEST_SCOPE={scope!r} is neither 'full' nor 'ci'", file=sys.stderr)
         return 2
-    edge = os.environ.get("DT_TORCH_EDGE", "1") == "1"
-    narrowed = selection(scope, edge)
+    newest = os.environ.get("DT_TORCH_NEWEST", "1") == "1"
+    narrowed = selection(scope, newest)
+    left_out = ", ".join(NEWEST_ONLY)
     if narrowed:
-        print(f"run_cell: CI scope on a middle torch axis: {HEAVY} tests deselected", flush=True)
+        print(f"run_cell: CI scope below the newest torch: {left_out} tests deselected", flush=True)
     paths = [a for a in argv if not a.startswith("-") and Path(a).exists()]
     xml = results_file(paths)
     xml.parent.mkdir(parents=True, exist_ok=True)
-    scope_note = {"scope": scope, "deselected": HEAVY if narrowed else None}
+    scope_note = {"scope": scope, "deselected": left_out if narrowed else None}
     xml.with_suffix(".json").write_text(json.dumps(scope_note) + "\n")
     # xunit1 keeps the properties tests record (`torch_limit`: tools/support_table.py)
     junit = ["-o", "junit_family=xunit1", f"--junitxml={xml}"]

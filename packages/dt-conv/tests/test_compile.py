@@ -261,6 +261,7 @@ def _during_exchange(lines: list[str], call: str) -> list[str]:
     return found
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(2, timeout=900)
 def test_compiled_code_waits_for_the_halo_after_the_interior_conv() -> None:
     """Overlap survives compilation: the exchange starts, the local conv runs, then the

@@ -93,6 +93,7 @@ def _compiles_that_follow(backend: str) -> None:
     check_compiled(compiled, small_net, mesh, _randn(2, 2, 11, 14), [Shard(2)], params)
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(2, timeout=600)
 def test_compiles_that_follow_compiles_aot_eager() -> None:
     torch.set_num_threads(1)
@@ -115,6 +116,7 @@ def test_compiles_that_follow_compiles_inductor() -> None:
     _compiles_that_follow("inductor")
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(2, timeout=600)
 def test_every_op_kind_at_a_second_size() -> None:
     """Each op family compiled once, then called at another image and batch size (and
@@ -160,6 +162,7 @@ class _Block(torch.nn.Module):
         return self.conv2(self.drop(y) * 0.5 + 0.5 * y)
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(2, timeout=600)
 def test_train_then_eval_and_mark_dynamic_batch() -> None:
     """One module compiled for a training step, then in eval mode without grad (a second

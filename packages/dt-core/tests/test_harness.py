@@ -17,6 +17,9 @@ import torch.distributed as dist
 from dt_core.testing import RankFailure, cpu_mesh, run_on_ranks
 from dt_core.testing.scripts import run_python
 
+# what this module checks does not differ between torch releases (.ci/run: newest only)
+pytestmark = pytest.mark.ci_once
+
 
 def _rank_values(rank: int) -> torch.Tensor:
     return torch.arange(5, dtype=torch.float64) * (rank + 1) + rank

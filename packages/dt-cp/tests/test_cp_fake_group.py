@@ -87,6 +87,7 @@ for front in ("dt_cp", "torch"):
 
 # Inductor at 2; at 8 the ring's eight steps through aot_eager (the same traced graph,
 # without Inductor's C++ code: 61 s of the cell on 2 cores, cold).
+@pytest.mark.compile_heavy
 @pytest.mark.parametrize(("world_size", "backend"), [(2, "inductor"), (8, "aot_eager")])
 def test_cp_sdpa_forward_and_backward_are_finite(world_size: int, backend: str) -> None:
     found = run_in_fake_world(CP_SDPA, world_size, timeout=600, DT_TEST_BACKEND=backend)
@@ -136,6 +137,7 @@ for algorithm in ("ring", "allgather"):
 """
 
 
+@pytest.mark.compile_heavy
 def test_a_sequence_the_fake_world_does_not_divide_runs_through() -> None:
     """16 positions over a fake world of 3: rank 0 holds 6 (uneven shards, as on real
     ranks), forward and backward finite, eager and compiled."""

@@ -14,6 +14,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(2, timeout=600)
 def test_sequence_and_batch_sizes_that_follow_each_other() -> None:
     from torch.distributed.tensor import Shard, distribute_tensor

@@ -252,6 +252,7 @@ def _mixed_precision() -> dict:
     }
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(2, timeout=300)
 def test_mixed_precision_gathers_in_bf16_and_stays_close() -> None:
     result = _mixed_precision()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.mark.ci_once
 @pytest.mark.ranks(2, timeout=300)
 def test_demo_stage_small_is_ok_and_well_formed() -> None:
     from dt_core.testing.demo_stage import check_stage_result

@@ -12,6 +12,7 @@ from dt_core.testing import cpu_mesh
 from torch import nn
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(2, timeout=600)
 def test_batch_sizes_that_follow_each_other() -> None:
     import torch.distributed as dist

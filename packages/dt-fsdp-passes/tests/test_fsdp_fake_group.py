@@ -35,6 +35,7 @@ for compiled in (False, True):
 
 # Inductor, with the bucketing passes, at 2; at 8 the same traced steps through aot_eager
 # (Inductor's C++ code for them was 38 s of the cell on 2 cores, cold).
+@pytest.mark.compile_heavy
 @pytest.mark.parametrize(("world_size", "backend"), [(2, "inductor"), (8, "aot_eager")])
 def test_simple_fsdp_steps_run_through_in_a_fake_world(world_size: int, backend: str) -> None:
     found = run_in_fake_world(STEPS, world_size, timeout=600, DT_TEST_BACKEND=backend)

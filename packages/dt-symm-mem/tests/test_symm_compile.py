@@ -209,6 +209,7 @@ def test_reduce_scatter_of_summed_matmuls_fuses_into_one_fused_op() -> None:
         assert g.shape == w.shape and torch.equal(g, w)
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.ranks(2, timeout=600)
 def test_swiglu_with_mismatched_shard_dims_compiles_to_one_process_values() -> None:
     """A SwiGLU block whose TP plan shards w1 by output columns but w3 by input rows (a

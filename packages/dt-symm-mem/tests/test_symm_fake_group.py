@@ -43,6 +43,7 @@ print("REASON", workspace.fallback_reason(mesh.get_group()) == workspace.FAKE_GR
 """
 
 
+@pytest.mark.compile_heavy
 @pytest.mark.parametrize("world_size", [2, 8])
 def test_compiled_async_tp_mlp_runs_through(world_size: int) -> None:
     found = run_in_fake_world(

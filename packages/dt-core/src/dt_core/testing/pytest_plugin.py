@@ -25,9 +25,15 @@ _MARKER_HELP = (
     "$DT_TEST_RANK_TIMEOUT or 120."
 )
 _HEAVY_HELP = (
-    "compile_heavy: the test's cost is Inductor compiling what another test checks exactly; "
-    "a CI running several torch releases may run it on the oldest and newest only "
-    "(-m 'not compile_heavy' on the others)"
+    "compile_heavy: the test's cost is compiling what another test checks exactly; a CI "
+    "running several torch releases may run it on the newest only "
+    "(-m 'not compile_heavy and not ci_once' on the others)"
+)
+_ONCE_HELP = (
+    "ci_once: what the test checks does not differ between torch releases (tooling, "
+    "packaging, the demo's machinery) or is a larger twin of a case every release runs (the "
+    "4-rank run of a ranks(2, 4) test, a composed stack whose parts are checked alone); a "
+    "CI running several torch releases may run it on the newest only"
 )
 WORLD_SIZE_FIXTURE = "world_size"
 
@@ -35,10 +41,11 @@ WORLD_SIZE_FIXTURE = "world_size"
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
     config.addinivalue_line("markers", _HEAVY_HELP)
+    config.addinivalue_line("markers", _ONCE_HELP)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """`ranks(2, 4)`: one test per world size."""
+    """`ranks(2, 4)`: one test per world size; each size but the smallest is `ci_once`."""
     marker = metafunc.definition.get_closest_marker("ranks")
     if marker is None:
         return
@@ -46,7 +53,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if len(sizes) > 1:
         if WORLD_SIZE_FIXTURE not in metafunc.fixturenames:
             metafunc.fixturenames.append(WORLD_SIZE_FIXTURE)
-        metafunc.parametrize(WORLD_SIZE_FIXTURE, sizes, ids=[f"{n}ranks" for n in sizes])
+        smallest = min(sizes)
+        params = [
+            pytest.param(n, id=f"{n}ranks", marks=() if n == smallest else pytest.mark.ci_once)
+            for n in sizes
+        ]
+        metafunc.parametrize(WORLD_SIZE_FIXTURE, params)
 
 
 @pytest.fixture
