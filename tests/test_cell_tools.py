@@ -42,6 +42,7 @@ def test_a_cell_is_named_by_its_test_paths(tools) -> None:
     assert run_cell.cell_name(["packages/dt-conv/tests"]) == "dt-conv"
     assert run_cell.cell_name(["packages/dt-core/tests/test_autoload.py"]) == "dt-core"
     assert run_cell.cell_name(["tests"]) == "cross"
+    assert run_cell.cell_name(["tests/models"]) == "models"
 
 
 def _junit(path: Path, outcomes: list[str]) -> None:

@@ -38,6 +38,8 @@ def cell_name(paths: list[str]) -> str:
         parts = Path(path).parts
         if len(parts) >= 2 and parts[0] == "packages":
             return parts[1]
+        if parts[:2] == ("tests", "models"):
+            return "models"
         if parts and parts[0] == "tests":
             return "cross"
     return "other"

@@ -155,7 +155,8 @@ def test_functional_batch_norm_with_replicated_statistics() -> None:
     assert not torch.equal(mean, torch.zeros(6, dtype=torch.float64))  # it did move
 
 
-@pytest.mark.ranks(2)
+@pytest.mark.compile_heavy
+@pytest.mark.ranks(2, timeout=600)
 def test_channel_sharded_batch_norm_compiled_fullgraph() -> None:
     """The same under torch.compile(fullgraph=True) (aot_eager: functionalized, so the
     update arrives as the functional op's returned statistics)."""

@@ -19,15 +19,17 @@ from typing import Any
 
 import torch
 
-# Train-mode forward overloads that update running statistics: the argument naming train
-# mode (or True where the op always trains), and whether the update is in place or
-# returned (functional variants, what compiled code reaches).
+# Forward overloads: the argument naming train mode (or whether the op always trains),
+# and whether the running statistics are updated in place, returned (functional
+# variants, what compiled code reaches) or left alone.
 UPDATING = {
     "native_batch_norm.default": ("training", "in_place"),
     "_native_batch_norm_legit.default": ("training", "in_place"),
     "_native_batch_norm_legit_functional.default": ("training", "returned"),
     "_batch_norm_with_update.default": (True, "in_place"),
     "_batch_norm_with_update_functional.default": (True, "returned"),
+    "_native_batch_norm_legit_no_training.default": (False, "none"),
+    "_batch_norm_no_update.default": (False, "none"),
 }
 
 BATCH, CHANNELS = 0, 1
@@ -50,9 +52,9 @@ def _name(op_call: Any) -> str:
 
 
 def takes_for(op: Any) -> Callable[[tuple, dict], bool]:
-    """The `takes` of `op`'s handler: train mode, running statistics that are replicated
-    DTensors, and an input whose only shards are channel (and batch) shards."""
-    training_from, _ = UPDATING[_name(op)]
+    """The `takes` of `op`'s handler: running statistics that are replicated DTensors, and
+    an input whose only shards are channel (and batch) shards. Eval-mode calls too: torch
+    2.11 has no batch-norm strategy, and per channel they need no communication."""
 
     def takes(args: tuple, kwargs: dict) -> bool:
         from torch.distributed.tensor import DTensor
@@ -61,8 +63,7 @@ def takes_for(op: Any) -> Callable[[tuple, dict], bool]:
 
         values = bind_arguments(op, args, kwargs)
         x, running_mean = values["input"], values["running_mean"]
-        training = values[training_from] if isinstance(training_from, str) else training_from
-        if not (training and isinstance(x, DTensor) and isinstance(running_mean, DTensor)):
+        if not (isinstance(x, DTensor) and isinstance(running_mean, DTensor)):
             return False
         if not all(p.is_replicate() for p in running_mean.placements):
             return False
@@ -84,7 +85,8 @@ def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
     from .kit.arguments import bind_arguments
 
     values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
-    _, update = UPDATING[_name(op_call)]
+    training_from, update = UPDATING[_name(op_call)]
+    training = values[training_from] if isinstance(training_from, str) else training_from
     x: DTensor = values["input"]
     mesh = x.device_mesh
     # the batch gathered, channels left where they are
@@ -106,14 +108,19 @@ def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
     local["running_mean"] = local["running_mean"].clone()
     local["running_var"] = local["running_var"].clone()
     results = op_call(*local.values())
-    out, save_mean, save_invstd = results[:3]
-    wrapped: list[Any] = [
-        as_dtensor(out, mesh, placements, x.shape),
-        as_dtensor(save_mean, mesh, per_channel, (channels,)),
-        as_dtensor(save_invstd, mesh, per_channel, (channels,)),
-    ]
-    if _name(op_call).startswith("_batch_norm_with_update"):  # the reserve, empty on CPU
+
+    def saved(t: torch.Tensor) -> DTensor:
+        """A saved statistic: this rank's channels, or empty (eval mode saves nothing)."""
+        if t.numel() == 0:
+            return as_dtensor(t, mesh, whole, t.shape)
+        return as_dtensor(t, mesh, per_channel, (channels,))
+
+    wrapped: list[Any] = [as_dtensor(results[0], mesh, placements, x.shape)]
+    wrapped += [saved(results[1]), saved(results[2])]
+    if _name(op_call).startswith("_batch_norm_"):  # the reserve (empty on CPU)
         wrapped.append(as_dtensor(results[3], mesh, whole, results[3].shape))
+    if update == "none" or (update == "in_place" and not training):
+        return tuple(wrapped)
     if update == "in_place":
         new_mean, new_var = local["running_mean"], local["running_var"]
     else:

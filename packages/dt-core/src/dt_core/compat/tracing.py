@@ -60,6 +60,15 @@ def inner_tensors(t: Any) -> list[Any]:
     return [getattr(t, n) for n in names]
 
 
+def dispatch_mode_base() -> type:
+    """torch's base class of Python dispatch modes (a mode sees every aten op run under
+    it; one that returns NotImplemented for a subclass lets the subclass run first)."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
 @contextmanager
 def no_dispatch_modes() -> Iterator[None]:
     """Run a block with every Python dispatch mode popped (no tracer records it): for

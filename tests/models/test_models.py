@@ -1,0 +1,216 @@
+"""Real networks from the libraries users train with, sharded end to end.
+
+Each model's input is sharded on a spatial dim (`Shard(2)`; two spatial dims on a 2x2 mesh
+for one of them), its parameters replicated with `distribute_module`, every plugin
+installed. Three train steps with SGD, each checked against the same model on one
+process: the output, the input's gradient, every parameter's gradient, every buffer
+(BatchNorm's running statistics) and the parameters after the step. The forward's
+collectives are counted: only halos (all-to-all) and normalization statistics
+(all-gather) may run, no plugin may fall back to replicated inputs, and a dense model's
+output keeps the input's spatial shard.
+
+These need MONAI, torchvision, timm and diffusers, so they run in an environment of their
+own: `hatch run models:run` (torch 2.14.1 with the model libraries pinned to it).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+STEPS = 3
+LR = 0.01
+# What a sharded forward may move: halos (all-to-all) and normalization statistics (an
+# all-gather of 3 numbers per channel or group from each rank); a classifier's head adds
+# one all-reduce of its pooled features (batch x channels).
+FORWARD_COLLECTIVES = {"all_to_all_single", "all_gather_into_tensor"}
+HEAD = "all_reduce"
+# Attention over a sharded image's tokens (dt-cp's ring): each rank sends its keys and
+# values to the next.
+RING = {"send", "recv_"}
+# float64 end to end: the sharded and the one-process step differ only in summation order
+TOL = {"atol": 1e-9, "rtol": 1e-9}
+
+
+def build(kind: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
+    """A small model of `kind` (seeded) and its input shape."""
+    torch.manual_seed(0)
+    if kind in ("monai-batch", "monai-instance"):
+        from monai.networks.nets import UNet
+
+        norm = kind.split("-")[1]
+        model = UNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=1, norm=norm)
+        return model, (2, 1, 16, 16, 16)
+    if kind == "resnet18":
+        import torchvision
+
+        return torchvision.models.resnet18(num_classes=10), (2, 3, 64, 64)
+    if kind == "convnext":
+        import timm
+
+        return timm.create_model("convnext_atto", num_classes=10), (2, 3, 64, 64)
+    if kind == "diffusers":
+        from diffusers import UNet2DModel
+
+        model = UNet2DModel(
+            sample_size=32,
+            in_channels=3,
+            out_channels=3,
+            block_out_channels=(32, 64),
+            layers_per_block=1,
+            down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+            up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+            norm_num_groups=8,
+        )
+        return model, (2, 3, 32, 32)
+    raise ValueError(kind)
+
+
+TIMESTEPS = (10.0, 500.0)  # one per sample of the diffusion UNet's batch
+
+
+def forward(kind: str, model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's output for `x` (the diffusion UNet's for `x` at TIMESTEPS)."""
+    if kind == "diffusers":
+        return model(x, torch.tensor(TIMESTEPS, dtype=x.dtype)).sample
+    return model(x)
+
+
+def sharded_context(kind: str) -> Any:
+    """Around the sharded forward and backward: the diffusion UNet builds its timestep
+    embedding from plain tensors (`torch.arange`, the timesteps), which DTensor takes as
+    replicated only under `implicit_replication`, in backward too (autograd multiplies
+    the saved plain embedding with DTensor gradients)."""
+    import contextlib
+
+    if kind == "diffusers":
+        from torch.distributed.tensor.experimental import implicit_replication
+
+        return implicit_replication()
+    return contextlib.nullcontext()
+
+
+def _plain(t: Any) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def train_and_compare(
+    kind: str, mesh_shape: tuple[int, ...], placements: list, backend: str | None = None
+) -> dict:
+    """STEPS train steps sharded and on one process; returns what the test asserts on
+    (the comparisons themselves raise on the first mismatch). With `backend` the sharded
+    model runs under torch.compile(fullgraph=True); its collectives are not counted (they
+    run inside the compiled code)."""
+    import warnings
+
+    from dt_core.kit import FallbackWarning
+    from dt_core.testing import cpu_mesh
+    from dt_core.testing.collectives import counting_collectives
+    from torch.distributed.tensor import distribute_module, distribute_tensor
+
+    mesh = cpu_mesh(mesh_shape if len(mesh_shape) > 1 else mesh_shape[0])
+    reference, shape = build(kind)
+    reference = reference.double().train()
+    sharded = copy.deepcopy(reference)
+    distribute_module(sharded, mesh)
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=LR)
+    opt = torch.optim.SGD(sharded.parameters(), lr=LR)
+    run = sharded if backend is None else torch.compile(sharded, backend=backend, fullgraph=True)
+    found: dict[str, Any] = {"collectives": {}, "largest": {}, "placements": set()}
+    gen = torch.Generator().manual_seed(1)
+    for step in range(STEPS):
+        x = torch.randn(shape, generator=gen, dtype=torch.float64)
+        xr = x.clone().requires_grad_()
+        xd = distribute_tensor(x, mesh, placements).requires_grad_()
+        with warnings.catch_warnings(), sharded_context(kind):
+            warnings.simplefilter("error", FallbackWarning)
+            if backend is None:
+                with counting_collectives() as counts:
+                    y = forward(kind, run, xd)
+                found["collectives"] = dict(counts)  # the same every step
+                found["largest"] = dict(counts.largest)
+            else:
+                y = forward(kind, run, xd)
+            found["placements"].add(tuple(y.placements))
+            y.pow(2).mean().backward()
+        yr = forward(kind, reference, xr)
+        yr.pow(2).mean().backward()
+        checks = {"output": (y, yr), "input grad": (xd.grad, xr.grad)}
+        ref_params = dict(reference.named_parameters())
+        for name, p in sharded.named_parameters():
+            checks[f"grad {name}"] = (p.grad, ref_params[name].grad)
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+        for name, p in sharded.named_parameters():
+            checks[f"param {name}"] = (p, ref_params[name])
+        ref_buffers = dict(reference.named_buffers())
+        for name, b in sharded.named_buffers():
+            checks[f"buffer {name}"] = (b, ref_buffers[name])
+        for what, (got, expected) in checks.items():
+            torch.testing.assert_close(
+                _plain(got).detach(),
+                expected.detach(),
+                **TOL,
+                msg=lambda m, w=what, s=step: f"{kind} step {s}, {w}: {m}",
+            )
+    found["placements"] = list(found["placements"])
+    return found
+
+
+DENSE = {"monai-batch", "monai-instance", "diffusers"}
+WIDEST = {"monai-batch": 16, "monai-instance": 16, "resnet18": 512, "convnext": 320}
+WIDEST["diffusers"] = 64
+
+
+def check_forward_moves_only_halos_and_statistics(kind: str, found: dict, world: int) -> None:
+    names = set(found["collectives"])
+    allowed = FORWARD_COLLECTIVES | (set() if kind in DENSE else {HEAD})
+    if kind == "diffusers":
+        allowed |= RING
+    assert names <= allowed, found
+    # statistics, never an activation: 3 numbers per channel from each rank
+    statistics = found["largest"].get("all_gather_into_tensor", 0)
+    assert statistics <= 3 * WIDEST[kind] * world, found
+    if kind not in DENSE:  # the head's pooled features, once
+        assert found["collectives"].get(HEAD, 0) <= 1, found
+
+
+@pytest.mark.ranks(2, 4, timeout=900)
+@pytest.mark.parametrize(
+    "kind", ["monai-batch", "monai-instance", "resnet18", "convnext", "diffusers"]
+)
+def test_model_trains_exactly_sharded_on_rows(kind: str, world_size: int) -> None:
+    from torch.distributed.tensor import Shard
+
+    found = train_and_compare(kind, (world_size,), [Shard(2)])
+    check_forward_moves_only_halos_and_statistics(kind, found, world_size)
+    if kind in DENSE:  # the output stays sharded like the input
+        assert found["placements"] == [(Shard(2),)], found
+
+
+@pytest.mark.ranks(4, timeout=900)
+def test_monai_unet_on_a_2x2_mesh_with_two_spatial_dims_sharded() -> None:
+    from torch.distributed.tensor import Shard
+
+    found = train_and_compare("monai-batch", (2, 2), [Shard(2), Shard(3)])
+    check_forward_moves_only_halos_and_statistics("monai-batch", found, 4)
+    assert found["placements"] == [(Shard(2), Shard(3))], found
+
+
+@pytest.mark.ranks(2, timeout=900)
+@pytest.mark.parametrize("kind", ["monai-batch", "resnet18", "diffusers"])
+def test_model_trains_exactly_compiled(kind: str) -> None:
+    """The same steps under torch.compile(fullgraph=True) (aot_eager: the traced graph
+    whole, without Inductor's C++ code generation)."""
+    from torch.distributed.tensor import Shard
+
+    found = train_and_compare(kind, (2,), [Shard(2)], backend="aot_eager")
+    if kind in DENSE:
+        assert found["placements"] == [(Shard(2),)], found
