@@ -84,50 +84,74 @@ def _train_and_compare(
                     )
 
 
-# (mesh shape, input placements); every case shards the channels somewhere
-LAYOUTS = [
-    ((2,), ("S1",)),
-    ((3,), ("S1",)),
-    ((2, 2), ("S0", "S1")),
-    ((2, 2), ("S1", "R")),
-    ((2, 2), ("S1", "S1")),
-]
-
-
 def _placements(names):
     from torch.distributed.tensor import Replicate, Shard
 
     return [Replicate() if n == "R" else Shard(int(n[1])) for n in names]
 
 
-CASES = [("bn2d", layout) for layout in LAYOUTS]
-CASES += [(kind, ((2, 2), ("S0", "S1"))) for kind in ("bn1d", "bn3d", "cumulative")]
-
-
-@pytest.mark.parametrize(("kind", "layout"), CASES, ids=lambda v: str(v))
-def test_channel_sharded_batch_norm_trains_as_one_process(kind: str, layout) -> None:
-    """Channel counts uneven on the mesh (5 channels) and even (6) alike."""
-    from dt_core.testing import simulated_ranks
-    from torch.distributed.device_mesh import init_device_mesh
+def _check_cases(cases, channel_counts=(5, 6)) -> None:
+    """Each (kind, mesh shape, placements) with each channel count (uneven on the mesh,
+    and even)."""
     from torch.distributed.tensor import distribute_module
 
-    shape, names = layout
-    world = 1
-    for n in shape:
-        world *= n
-    for channels in (5, 6):
-        torch.manual_seed(channels)
-        reference = _module(kind, channels).double()
-        with torch.no_grad():
-            reference.weight.uniform_(0.5, 1.5)
-            reference.bias.uniform_(-0.5, 0.5)
-        module = copy.deepcopy(reference)
-        expected = _one_process(reference, kind, channels)
-        with simulated_ranks(world) as mode:
-            mesh = init_device_mesh("cpu", shape)
+    for kind, shape, names in cases:
+        mesh = cpu_mesh(shape if len(shape) > 1 else shape[0])
+        for channels in channel_counts:
+            torch.manual_seed(channels)
+            reference = _module(kind, channels).double()
+            with torch.no_grad():
+                reference.weight.uniform_(0.5, 1.5)
+                reference.bias.uniform_(-0.5, 0.5)
+            module = copy.deepcopy(reference)
+            expected = _one_process(reference, kind, channels)
             distribute_module(module, mesh)
-            placements = _placements(names)
-            _train_and_compare(module, expected, mesh, placements, kind, channels, mode=mode)
+            _train_and_compare(module, expected, mesh, _placements(names), kind, channels)
+
+
+# Real ranks, one shared world per size: simulated ranks (LocalTensorMode) cost a minute
+# a case on torch 2.11.
+@pytest.mark.ranks(2, timeout=600)
+def test_channel_sharded_batch_norm_trains_as_one_process_on_2_ranks() -> None:
+    _check_cases([(kind, (2,), ("S1",)) for kind in ("bn2d", "bn1d", "bn3d", "cumulative")])
+
+
+@pytest.mark.ranks(4, timeout=600)
+def test_channel_sharded_batch_norm_trains_as_one_process_on_4_ranks() -> None:
+    """A 1-D mesh of 4 (7 channels: 2, 2, 2, 1) and a 2x2 mesh: batch and channels,
+    channels and replicated, channels over both mesh dims."""
+    cases = [("bn2d", (4,), ("S1",))]
+    cases += [("bn2d", (2, 2), names) for names in (("S0", "S1"), ("S1", "R"), ("S1", "S1"))]
+    cases += [(kind, (2, 2), ("S0", "S1")) for kind in ("bn1d", "bn3d", "cumulative")]
+    _check_cases(cases, channel_counts=(7, 8))
+
+
+@pytest.mark.ranks(4, timeout=600)
+def test_a_rank_without_channels_keeps_torchs_own_error() -> None:
+    """5 channels over 4 ranks leave the last none (2, 2, 1, 0): torch's kernels refuse an
+    empty input (and crash on one in backward), so torch-gaps leaves these calls to torch,
+    whose error the rank without channels raises, as without the plugins."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+
+    mesh = cpu_mesh(4)
+    module = torch.nn.BatchNorm2d(5).double()
+    distribute_module(module, mesh)
+    x = distribute_tensor(_input("bn2d", 5, 0), mesh, [Shard(1)])
+    if dist.get_rank() == 3:
+        with pytest.raises(RuntimeError, match="at least one element"):
+            module(x)
+    else:
+        module(x)  # the forward runs no collective here: nothing waits for rank 3
+
+
+def test_empty_shards_are_found_as_shard_splits_channels() -> None:
+    from dt_core.channel_batch_norm import _some_shard_empty
+
+    assert _some_shard_empty(5, [4]) and _some_shard_empty(6, [4])  # 2,2,1,0 and 2,2,2,0
+    assert not _some_shard_empty(7, [4]) and not _some_shard_empty(8, [4])
+    assert not _some_shard_empty(5, [2, 2])  # (3, 2) -> (2, 1), (1, 1)
+    assert _some_shard_empty(3, [2, 2])  # (2, 1) -> (1, 1), (1, 0)
 
 
 def test_functional_batch_norm_with_replicated_statistics() -> None:

@@ -68,11 +68,29 @@ def takes_for(op: Any) -> Callable[[tuple, dict], bool]:
         if not all(p.is_replicate() for p in running_mean.placements):
             return False
         shards = [p for p in x.placements if not p.is_replicate()]
-        return any(p.is_shard(CHANNELS) for p in shards) and all(
+        if not any(p.is_shard(CHANNELS) for p in shards) or not all(
             p.is_shard(CHANNELS) or p.is_shard(BATCH) for p in shards
-        )
+        ):
+            return False
+        sizes = zip(x.device_mesh.shape, x.placements, strict=True)
+        pieces = [n for n, p in sizes if p.is_shard(CHANNELS)]
+        return not _some_shard_empty(x.shape[CHANNELS], pieces)
 
     return takes
+
+
+def _some_shard_empty(channels: int, pieces: list[int]) -> bool:
+    """Whether splitting `channels` as `Shard` does (torch.chunk's ceil-sized chunks), over
+    mesh dims of `pieces` ranks in turn, leaves some rank none. Those calls stay torch's:
+    its batch-norm kernels refuse an empty input (forward) or crash on one (backward)."""
+    sizes = [channels]
+    for n in pieces:
+        split = []
+        for size in sizes:
+            chunk = -(-size // n) if size else 0
+            split += [max(0, min(chunk, size - i * chunk)) for i in range(n)]
+        sizes = split
+    return 0 in sizes
 
 
 def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
@@ -111,9 +129,9 @@ def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
 
     def saved(t: torch.Tensor) -> DTensor:
         """A saved statistic: this rank's channels, or empty (eval mode saves nothing)."""
-        if t.numel() == 0:
-            return as_dtensor(t, mesh, whole, t.shape)
-        return as_dtensor(t, mesh, per_channel, (channels,))
+        if training:
+            return as_dtensor(t, mesh, per_channel, (channels,))
+        return as_dtensor(t, mesh, whole, t.shape)
 
     wrapped: list[Any] = [as_dtensor(results[0], mesh, placements, x.shape)]
     wrapped += [saved(results[1]), saved(results[2])]
@@ -136,3 +154,4 @@ def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
     else:
         wrapped += gathered
     return tuple(wrapped)
+

@@ -25,15 +25,15 @@ _MARKER_HELP = (
     "$DT_TEST_RANK_TIMEOUT or 120."
 )
 _HEAVY_HELP = (
-    "compile_heavy: the test's cost is compiling what another test checks exactly; a CI "
-    "running several torch releases may run it on the newest only "
-    "(-m 'not compile_heavy and not ci_once' on the others)"
+    "compile_heavy: the test's cost is Inductor compiling what another test checks "
+    "exactly; a CI with little time may leave it out (-m 'not compile_heavy')"
 )
 _ONCE_HELP = (
     "ci_once: what the test checks does not differ between torch releases (tooling, "
-    "packaging, the demo's machinery) or is a larger twin of a case every release runs (the "
-    "4-rank run of a ranks(2, 4) test, a composed stack whose parts are checked alone); a "
-    "CI running several torch releases may run it on the newest only"
+    "packaging, the demo's machinery) or is a larger twin of a case every release runs (a "
+    "test on more than 2 rank processes, which simulated-rank sweeps cover on every "
+    "release; it gets this marker by itself; a composed stack whose parts are checked "
+    "alone); a CI running several torch releases may run it on the newest only"
 )
 WORLD_SIZE_FIXTURE = "world_size"
 
@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """`ranks(2, 4)`: one test per world size; each size but the smallest is `ci_once`."""
+    """`ranks(2, 4)`: one test per world size."""
     marker = metafunc.definition.get_closest_marker("ranks")
     if marker is None:
         return
@@ -53,12 +53,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if len(sizes) > 1:
         if WORLD_SIZE_FIXTURE not in metafunc.fixturenames:
             metafunc.fixturenames.append(WORLD_SIZE_FIXTURE)
-        smallest = min(sizes)
-        params = [
-            pytest.param(n, id=f"{n}ranks", marks=() if n == smallest else pytest.mark.ci_once)
-            for n in sizes
-        ]
-        metafunc.parametrize(WORLD_SIZE_FIXTURE, params)
+        metafunc.parametrize(WORLD_SIZE_FIXTURE, sizes, ids=[f"{n}ranks" for n in sizes])
+
+
+# Beyond 2 processes, a rank test is the twin of a simulated-rank sweep (LocalTensorMode
+# runs 2-D meshes and 3-8 ranks in one process on every release): `ci_once`.
+ONCE_ABOVE_RANKS = 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that runs on more than 2 processes `ci_once`."""
+    for item in items:
+        marker = item.get_closest_marker("ranks")
+        if marker is None:
+            continue
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and WORLD_SIZE_FIXTURE in callspec.params:
+            size = int(callspec.params[WORLD_SIZE_FIXTURE])
+        else:
+            size = _ranks_args(*marker.args, **marker.kwargs)[0][0]
+        if size > ONCE_ABOVE_RANKS:
+            item.add_marker(pytest.mark.ci_once)
 
 
 @pytest.fixture
