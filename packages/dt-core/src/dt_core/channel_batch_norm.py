@@ -154,4 +154,3 @@ def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
     else:
         wrapped += gathered
     return tuple(wrapped)
-
