@@ -129,23 +129,24 @@ def test_channel_sharded_batch_norm_trains_as_one_process_on_4_ranks() -> None:
     _check_cases(cases, channel_counts=(7, 8))
 
 
-@pytest.mark.ranks(4, timeout=600)
-def test_a_rank_without_channels_keeps_torchs_own_error() -> None:
+def test_a_rank_without_channels_is_left_to_torch() -> None:
     """5 channels over 4 ranks leave the last none (2, 2, 1, 0): torch's kernels refuse an
-    empty input (and crash on one in backward), so torch-gaps leaves these calls to torch,
-    whose error the rank without channels raises, as without the plugins."""
-    import torch.distributed as dist
-    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+    empty input (and crash on one in backward), so torch-gaps takes no such call and the
+    outcome stays torch's own; 7 channels (2, 2, 2, 1) it takes."""
+    from dt_core.channel_batch_norm import takes_for
+    from dt_core.testing import simulated_ranks
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    mesh = cpu_mesh(4)
-    module = torch.nn.BatchNorm2d(5).double()
-    distribute_module(module, mesh)
-    x = distribute_tensor(_input("bn2d", 5, 0), mesh, [Shard(1)])
-    if dist.get_rank() == 3:
-        with pytest.raises(RuntimeError, match="at least one element"):
-            module(x)
-    else:
-        module(x)  # the forward runs no collective here: nothing waits for rank 3
+    takes = takes_for(torch.ops.aten.native_batch_norm.default)
+    with simulated_ranks(4):
+        mesh = init_device_mesh("cpu", (4,))
+        decided = {}
+        for channels in (5, 7):
+            x = distribute_tensor(torch.ones(2, channels, 3, 3), mesh, [Shard(1)])
+            stats = distribute_tensor(torch.zeros(channels), mesh, [Replicate()])
+            decided[channels] = takes((x, None, None, stats, stats, True, 0.1, 1e-5), {})
+    assert decided == {5: False, 7: True}
 
 
 def test_empty_shards_are_found_as_shard_splits_channels() -> None:
