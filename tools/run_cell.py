@@ -24,13 +24,18 @@ FORGE_ONLY = ("compile_heavy",)
 NEWEST_ONLY = ("ci_once",)
 
 
-def selection(scope: str, newest: bool) -> list[str]:
-    """pytest arguments that narrow a cell for `scope` ("ci" or "full") on an axis that is
-    (`newest`) or is not the newest of the window."""
+def left_out(scope: str, newest: bool) -> tuple[str, ...]:
+    """The markers whose tests a cell leaves out for `scope` ("ci" or "full") on an axis
+    that is (`newest`) or is not the newest of the window."""
     if scope != "ci":
-        return []
-    left_out = FORGE_ONLY if newest else FORGE_ONLY + NEWEST_ONLY
-    return ["-m", " and ".join(f"not {marker}" for marker in left_out)]
+        return ()
+    return FORGE_ONLY if newest else FORGE_ONLY + NEWEST_ONLY
+
+
+def selection(scope: str, newest: bool) -> list[str]:
+    """pytest arguments that leave those tests out."""
+    markers = left_out(scope, newest)
+    return ["-m", " and ".join(f"not {marker}" for marker in markers)] if markers else []
 
 
 def cell_name(paths: list[str]) -> str:
@@ -61,13 +66,13 @@ def main(argv: list[str]) -> int:
         return 2
     newest = os.environ.get("DT_TORCH_NEWEST", "1") == "1"
     narrowed = selection(scope, newest)
-    left_out = ", ".join(m for m in FORGE_ONLY + NEWEST_ONLY if f"not {m}" in " ".join(narrowed))
+    deselected = ", ".join(left_out(scope, newest))
     if narrowed:
-        print(f"run_cell: CI scope: {left_out} tests deselected", flush=True)
+        print(f"run_cell: CI scope: {deselected} tests deselected", flush=True)
     paths = [a for a in argv if not a.startswith("-") and Path(a).exists()]
     xml = results_file(paths)
     xml.parent.mkdir(parents=True, exist_ok=True)
-    scope_note = {"scope": scope, "deselected": left_out if narrowed else None}
+    scope_note = {"scope": scope, "deselected": deselected or None}
     xml.with_suffix(".json").write_text(json.dumps(scope_note) + "\n")
     # xunit1 keeps the properties tests record (`torch_limit`: tools/support_table.py)
     junit = ["-o", "junit_family=xunit1", f"--junitxml={xml}"]
