@@ -4,6 +4,8 @@ once), a profiled step's peak, the 1/P fit, the largest size within a budget, th
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from dt_core.testing.memory import (
@@ -131,3 +133,25 @@ def test_measure_step_refuses_a_process_without_blocks_mapped_alone(monkeypatch)
     monkeypatch.delenv(MMAP_THRESHOLD_ENV, raising=False)
     with pytest.raises(RuntimeError, match="large_blocks_mapped_alone"):
         measure_step(lambda: None)
+
+
+def test_glibc_defaults_are_measured_on_request_only(monkeypatch) -> None:
+    from dt_core.testing.memory import (
+        ALLOCATOR_ENV,
+        MMAP_THRESHOLD_ENV,
+        glibc_defaults,
+        large_blocks_mapped_alone,
+        measure_one_process,
+    )
+
+    monkeypatch.setenv(MMAP_THRESHOLD_ENV, "4096")
+    with glibc_defaults():
+        assert MMAP_THRESHOLD_ENV not in os.environ  # ranks start with glibc's own settings
+        assert os.environ[ALLOCATOR_ENV] == "glibc-defaults"
+        with large_blocks_mapped_alone():
+            assert ALLOCATOR_ENV not in os.environ
+    assert os.environ[MMAP_THRESHOLD_ENV] == "4096"  # put back as it was
+    assert ALLOCATOR_ENV not in os.environ
+    measured = measure_one_process(_free_on_another_thread_then_allocate_again, mapped_alone=False)
+    assert measured["rise"] >= 30 * MiB  # one 32 MiB block is written whatever glibc keeps
+    assert measured["peak"] == measured["held"] + measured["rise"]

@@ -129,70 +129,120 @@ MMAP_THRESHOLD_ENV = "MALLOC_MMAP_THRESHOLD_"
 LARGE_BLOCK = 64 * 1024
 
 
+ALLOCATOR_ENV = "DT_MEMORY_ALLOCATOR"
+
+
 @contextlib.contextmanager
-def large_blocks_mapped_alone() -> Iterator[None]:
+def _environment(values: dict[str, str | None]) -> Iterator[None]:
+    old = {key: os.environ.get(key) for key in values}
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def large_blocks_mapped_alone() -> contextlib.AbstractContextManager[None]:
     """Processes started inside this block (a `World`'s ranks) have glibc serve every
     allocation of `LARGE_BLOCK` bytes or more with its own mapping: a fixed mmap
     threshold, read by glibc when a process starts (set later, freed heap chunks would
     still serve large blocks without a rise in the resident set). Elsewhere than glibc
     the variable does nothing and the resident rise also carries malloc's reuse."""
-    old = os.environ.get(MMAP_THRESHOLD_ENV)
-    os.environ[MMAP_THRESHOLD_ENV] = str(LARGE_BLOCK)
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[MMAP_THRESHOLD_ENV]
-        else:
-            os.environ[MMAP_THRESHOLD_ENV] = old
+    return _environment({MMAP_THRESHOLD_ENV: str(LARGE_BLOCK), ALLOCATOR_ENV: None})
+
+
+def glibc_defaults() -> contextlib.AbstractContextManager[None]:
+    """Processes started inside this block keep glibc's default allocator settings (its
+    mmap threshold rises with the blocks freed, and each thread's arena keeps what is
+    freed in it): the resident memory a CPU user sees who sets nothing. `measure_step`
+    then reports that resident rise, which also carries the blocks glibc kept."""
+    return _environment({MMAP_THRESHOLD_ENV: None, ALLOCATOR_ENV: "glibc-defaults"})
 
 
 def measure_step(step: Callable[[], Any]) -> dict[str, int]:
     """One step's memory (see the module docstring): `held`, `rise` (the resident set's
-    high-water rise, blocks mapped alone), `peak` = held + rise, and `alloc_rise` (the
+    high-water rise, blocks mapped alone), `peak` = held + rise, `alloc_rise` (the
     profiler's allocation view, from another run of the step, so the profiler's own
-    records stay out of the resident rise).
+    records stay out of the resident rise) and `resident_high` (the process's highest
+    resident set until the end of the measured step: see `resident_bytes`).
 
     The step runs once unmeasured first: what it creates to keep (optimizer state, caches,
     gloo's buffers) is then part of what the rank holds, not of the step's rise. Run it in
-    a process started inside `large_blocks_mapped_alone`; elsewhere it raises, since the
-    resident rise would miss large blocks served from freed heap."""
-    if os.environ.get(MMAP_THRESHOLD_ENV) != str(LARGE_BLOCK):
+    a process started inside `large_blocks_mapped_alone` (or, to see what a user who sets
+    nothing sees, inside `glibc_defaults`); elsewhere it raises, since the resident rise
+    would silently mix both."""
+    mapped = os.environ.get(MMAP_THRESHOLD_ENV) == str(LARGE_BLOCK)
+    defaults = os.environ.get(ALLOCATOR_ENV) == "glibc-defaults"
+    if mapped == defaults:
         raise RuntimeError(
             "measure_step: start this process inside large_blocks_mapped_alone() "
             f"({MMAP_THRESHOLD_ENV}={LARGE_BLOCK}), or its resident rise misses blocks "
-            "that reuse freed heap"
+            "that reuse freed heap (or inside glibc_defaults() to measure just that)"
         )
     step()
     held = live_tensor_bytes()
     base = _status_kib("VmRSS:")
+    lifetime = _status_kib("VmHWM:")
     _reset_rss_peak()
     step()
-    rise = max(0, _status_kib("VmHWM:") - base) * 1024
+    high = _status_kib("VmHWM:")
+    rise = max(0, high - base) * 1024
     alloc_rise = step_peak_bytes(step)
-    return {"held": held, "rise": rise, "peak": held + rise, "alloc_rise": alloc_rise}
+    return {
+        "held": held,
+        "rise": rise,
+        "peak": held + rise,
+        "alloc_rise": alloc_rise,
+        "resident_high": max(lifetime, high) * 1024,
+    }
 
 
-def measure_one_process(fn: Callable[..., dict[str, int]], *args: Any) -> dict[str, int]:
+def resident_bytes() -> int:
+    """This process's resident set now. Taken before a model is built, it is the base of
+    `measure_step`'s `resident_high` (the process's highest resident set up to the end of
+    the measured step): their difference is the memory a user sees the run take."""
+    return _status_kib("VmRSS:") * 1024
+
+
+def _allocator(mapped_alone: bool) -> contextlib.AbstractContextManager[None]:
+    return large_blocks_mapped_alone() if mapped_alone else glibc_defaults()
+
+
+def measure_one_process(
+    fn: Callable[..., dict[str, int]], *args: Any, mapped_alone: bool = True
+) -> dict[str, int]:
     """`fn(*args)` (which returns `measure_step`'s dict) in one fresh process whose large
-    blocks are mapped alone: the one-process baseline, or a floor measured alone."""
+    blocks are mapped alone (with `mapped_alone=False`: glibc's defaults): the
+    one-process baseline, or a floor measured alone."""
     from dt_core.testing import World
 
-    with large_blocks_mapped_alone(), World(1) as one:
+    with _allocator(mapped_alone), World(1) as one:
         result: dict[str, int] = one.run(fn, *args, timeout=1800)[0]
     return result
 
 
 def measure_ranks(
-    fn: Callable[..., dict[str, int]], ranks: Sequence[int], *args: Any
+    fn: Callable[..., dict[str, int]],
+    ranks: Sequence[int],
+    *args: Any,
+    mapped_alone: bool = True,
 ) -> dict[int, dict[str, int]]:
     """For each P in `ranks`: `fn(*args)` on P fresh spawned ranks (large blocks mapped
-    alone); each value is the measurement of the rank with the largest peak."""
+    alone, or glibc's defaults); each value is the measurement of the rank with the
+    largest peak."""
     from dt_core.testing import World
 
     largest: dict[int, dict[str, int]] = {}
     for p in ranks:
-        with large_blocks_mapped_alone(), World(p) as world:
+        with _allocator(mapped_alone), World(p) as world:
             per_rank = world.run(fn, *args, timeout=1800)
         largest[p] = max(per_rank, key=lambda r: r["peak"])
         print(
