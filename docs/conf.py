@@ -24,12 +24,26 @@ extensions = [
     "myst_parser",
     "sphinxarg.ext",
     "dt_settings_ref",
+    "dt_docs_check",
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
 # The third-party plugin example is a package of its own, not pages of this site.
 exclude_patterns = ["examples/**", "demo/results.md", "_build", "Thumbs.db", ".DS_Store"]
+
+# dt_docs_check: the Markdown files whose fences, headings and sections are checked when
+# the build starts (glob patterns under the repository root): the pages and the files
+# they include or that are published elsewhere (PyPI pages, GitHub's front page).
+dt_docs_check_root = ".."
+dt_docs_check_files = [
+    "README.md",
+    "BENCHMARKS.md",
+    "ARCHITECTURE.md",
+    "packages/*/README.md",
+    "packages/*/CHANGELOG.md",
+    "docs/**/*.md",
+]
 
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
