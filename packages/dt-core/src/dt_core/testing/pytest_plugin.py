@@ -25,8 +25,9 @@ _MARKER_HELP = (
     "$DT_TEST_RANK_TIMEOUT or 120."
 )
 _HEAVY_HELP = (
-    "compile_heavy: the test's cost is Inductor compiling what another test checks "
-    "exactly; a CI with little time may leave it out (-m 'not compile_heavy')"
+    "compile_heavy: the test's cost is compiling (Inductor's code generation, or tracing a "
+    "whole model) what another test checks exactly, eagerly or compiled; a CI with little "
+    "time may leave it out (-m 'not compile_heavy')"
 )
 _ONCE_HELP = (
     "ci_once: what the test checks does not differ between torch releases (tooling, "
