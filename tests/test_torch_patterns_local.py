@@ -225,9 +225,10 @@ def test_downsampling_conv_steps(layout: tuple[Any, ...], record_property: Any) 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="torch 2.13 LocalTensorMode: a replicated parameter made by distribute_module / "
-    "parallelize_module holds one tensor object for every simulated rank, so an in-place "
-    "optimizer update is applied once per rank (plugins deactivated too)",
+    reason="LocalTensorMode: a replicated parameter made by "
+    "distribute_module / parallelize_module holds one tensor object for every simulated "
+    "rank, so an in-place optimizer update is applied once per rank (plugins deactivated "
+    "too)",
 )
 def test_local_tensor_sgd_step_on_replicated_parameter() -> None:
     from torch.distributed.device_mesh import init_device_mesh

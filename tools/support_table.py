@@ -6,11 +6,13 @@
 Reads what each cell of `hatch run test:run` wrote (`tools/run_cell.py`:
 `build/test-results/torch-<release>/<cell>.xml`, JUnit, and a note of the scope it ran
 in) and renders one row per cell, one column per torch release: how many tests passed,
-failed, errored, were expected failures, and whether the compile-heavy ones were left
-out (CI's scope on a middle release). Below it, each release's limits as the run found
-them: the reasons of its expected failures (torch bugs a strict xfail names) and what
-tests recorded as `torch_limit` (a feature that raises a clear error there). A cell
-that did not run shows as such; nothing in the table is typed by hand.
+failed, errored, were expected failures, and which marked tests CI's scope left out
+(`compile_heavy` on every release, `ci_once` below the newest). Below it, each release's
+limits as the run found them: the reasons of its expected failures (torch bugs a strict
+xfail names) and what tests recorded as `torch_limit` (a feature that raises a clear
+error there), each line naming the releases where the run found it; a reason's own
+opening "torch 2.13 ..." is dropped, since the run, not the test's words, says where it
+holds. A cell that did not run shows as such; nothing in the table is typed by hand.
 """
 
 from __future__ import annotations
@@ -75,12 +77,18 @@ def limits(xml: Path) -> list[str]:
     return found
 
 
+# "torch 2.13 ", "torch 2.11 / 2.12 ": the releases a reason names at its start
+NAMED_RELEASES = re.compile(r"^torch \d+\.\d+(\.\d+)?(\s*(/|,|and|to)\s*\d+\.\d+(\.\d+)?)* ")
+
+
 def limits_text(releases: list[str]) -> list[str]:
-    """One line per limit, naming the releases where the run found it."""
+    """One line per limit, naming the releases where the run found it (not the ones its
+    text names: a reason written on one release reads "torch 2.13 ..." on every other)."""
     where: dict[str, list[str]] = {}
     for release in releases:
         for xml in sorted((RESULTS / f"torch-{release}").glob("*.xml")):
-            for text in limits(xml):
+            for reason in limits(xml):
+                text = NAMED_RELEASES.sub("", reason)
                 if release not in where.setdefault(text, []):
                     where[text].append(release)
     lines = [f"- torch {', '.join(found)}: {text}" for text, found in where.items()]
