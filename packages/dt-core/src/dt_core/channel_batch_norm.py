@@ -47,10 +47,6 @@ def ops() -> list[Any]:
     return found
 
 
-def _name(op_call: Any) -> str:
-    return f"{op_call._schema.name.split('::')[1]}.{op_call._overloadname}"
-
-
 def takes_for(op: Any) -> Callable[[tuple, dict], bool]:
     """The `takes` of `op`'s handler: running statistics that are replicated DTensors, and
     an input whose only shards are channel (and batch) shards. Eval-mode calls too: torch
@@ -100,10 +96,10 @@ def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
     # imported here: dt-core activates plugins while torch.distributed.tensor (which
     # dtensors imports) is being imported
     from .dtensors import as_dtensor
-    from .kit.arguments import bind_arguments
+    from .kit.arguments import bind_arguments, op_name
 
     values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
-    training_from, update = UPDATING[_name(op_call)]
+    training_from, update = UPDATING[op_name(op_call)]
     training = values[training_from] if isinstance(training_from, str) else training_from
     x: DTensor = values["input"]
     mesh = x.device_mesh
@@ -135,7 +131,7 @@ def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
 
     wrapped: list[Any] = [as_dtensor(results[0], mesh, placements, x.shape)]
     wrapped += [saved(results[1]), saved(results[2])]
-    if _name(op_call).startswith("_batch_norm_"):  # the reserve (empty on CPU)
+    if op_name(op_call).startswith("_batch_norm_"):  # the reserve (empty on CPU)
         wrapped.append(as_dtensor(results[3], mesh, whole, results[3].shape))
     if update == "none" or (update == "in_place" and not training):
         return tuple(wrapped)

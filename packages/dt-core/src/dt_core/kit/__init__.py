@@ -1,6 +1,7 @@
 """The handler kit: the chores every plugin's DTensor op handlers share, written once.
 
-- `bind_arguments` / `bind_positional`: op arguments by the op's schema.
+- `bind_arguments` / `bind_positional`: op arguments by the op's schema; `op_name`: an
+  op's "name.overload" key.
 - `replicated_fallback`, `warn_fallback`, `reshard_like`, `replicated`: the exact path
   for cases a handler cannot shard, warned once per op and reason (`FallbackWarning`).
 - `Unsupported`: a planning step's refusal (the reason), caught once per handler, which
@@ -14,7 +15,7 @@
 from __future__ import annotations
 
 from ..errors import Unsupported
-from .arguments import bind_arguments, bind_positional
+from .arguments import bind_arguments, bind_positional, op_name
 from .counters import Counters, reset_stats, stats
 from .fallback import (
     FallbackWarning,
@@ -36,6 +37,7 @@ __all__ = [
     "bind_positional",
     "forget_fallback_warnings",
     "hand_to_torch",
+    "op_name",
     "registered_settings",
     "replicated",
     "replicated_fallback",

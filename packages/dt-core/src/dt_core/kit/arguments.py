@@ -10,6 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 
+def op_name(op_call: Any) -> str:
+    """`op_call`'s aten name with its overload, "native_batch_norm.default": the key of
+    tables that map an op's overloads to what their handlers do."""
+    return f"{op_call._schema.name.split('::')[1]}.{op_call._overloadname}"
+
+
 def bind_arguments(
     op_call: Any, args: tuple[object, ...], kwargs: dict[str, object]
 ) -> dict[str, object]:

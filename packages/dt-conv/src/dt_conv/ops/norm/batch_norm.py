@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from dt_core.dtensors import as_dtensor
+from dt_core.kit import op_name
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 from .common import laid_out_like, local, replicated_like, sharded_or_fallback, shards_spatial, wrap
@@ -97,7 +98,7 @@ def forward(op_call: Any, args: tuple, kwargs: dict) -> Any:
 
 def _forward(op_call: Any, values: dict[str, Any], layout: NormLayout) -> Any:
     x: DTensor = values["input"]
-    training_from, update, extra = FORWARD[_name(op_call)]
+    training_from, update, extra = FORWARD[op_name(op_call)]
     training = bool(values[training_from]) if isinstance(training_from, str) else training_from
     weight, bias = _my_channels(values["weight"], layout), _my_channels(values["bias"], layout)
     running_mean, running_var = local(values.get("running_mean")), local(values.get("running_var"))
@@ -186,7 +187,3 @@ def _backward(op_call: Any, values: dict[str, Any], layout: NormLayout) -> Any:
         else None
     )
     return grad_input, grad_weight, grad_bias
-
-
-def _name(op_call: Any) -> str:
-    return f"{op_call._schema.name.split('::')[1]}.{op_call._overloadname}"
