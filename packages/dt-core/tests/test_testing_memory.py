@@ -14,6 +14,7 @@ from dt_core.testing.memory import (
     largest_fitting,
     live_tensor_bytes,
     peak_from_events,
+    measured_report,
     scaling_report,
     step_peak_bytes,
 )
@@ -155,3 +156,29 @@ def test_glibc_defaults_are_measured_on_request_only(monkeypatch) -> None:
     measured = measure_one_process(_free_on_another_thread_then_allocate_again, mapped_alone=False)
     assert measured["rise"] >= 30 * MiB  # one 32 MiB block is written whatever glibc keeps
     assert measured["peak"] == measured["held"] + measured["rise"]
+
+
+def test_measured_report_takes_the_peaks_and_appends_the_allocation_view() -> None:
+    def measured(peak: int, alloc_rise: int) -> dict[str, int]:
+        return {"held": 10 * MiB, "rise": peak - 10 * MiB, "peak": peak, "alloc_rise": alloc_rise}
+
+    rows, _ = measured_report(
+        "dt-x",
+        "a problem",
+        measured(400 * MiB, 400 * MiB),
+        {2: measured(210 * MiB, 220 * MiB), 4: measured(120 * MiB, 111 * MiB)},
+        {2: 205 * MiB, 4: 100 * MiB},
+        floor_note="floor: local work",
+        fits={"size": 100, "what": "edge", "unit": "px", "exponent": 2, "multiple": 10},
+    )
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["per-rank peak memory, P=2"]["value"] == pytest.approx(210)
+    floor = by_name["per-rank peak vs the floor, P=4"]
+    assert floor["ratio"] == pytest.approx(1.2)
+    # held + the profiler's rise: 10 + 220 at P=2, 10 + 111 at P=4, 10 + 400 alone
+    assert floor["notes"] == (
+        "floor: local work; torch's allocation view (held + profiler rise), MiB: P=2 230.0, "
+        "P=4 121.0 (one process 410.0); it counts buffers freed on gloo's threads as held"
+    )
+    # the budget is 1 GiB when left out: 100 * sqrt(1024 / 400) = 160 px alone
+    assert by_name["largest edge within 1024 MiB per rank, P=4"]["baseline_value"] == 160

@@ -87,10 +87,9 @@ def ring_buffer_bytes() -> int:
 def run(quick: bool, seq: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from dt_core.testing.memory import (
         MiB,
-        allocation_note,
         measure_one_process,
         measure_ranks,
-        scaling_report,
+        measured_report,
     )
 
     seq = seq or (2048 if quick else SEQ)
@@ -99,17 +98,16 @@ def run(quick: bool, seq: int | None = None) -> tuple[list[dict[str, Any]], list
     ours = measure_ranks(sharded, ranks, seq)
     floors = {p: reference["peak"] / p + ring_buffer_bytes() for p in ranks}
     problem = f"causal SDPA fwd+bwd, B=1 H={HEADS} S={seq} D={DIM} fp32, ring"
-    return scaling_report(
+    return measured_report(
         "dt-cp",
         problem,
-        reference["peak"],
-        {p: r["peak"] for p, r in ours.items()},
+        reference,
+        ours,
         floors,
         floor_note=(
             "floor: one process's peak / P (8 blocks of S/P: q, k, v, out, its gradient, "
             f"dq, dk, dv) + the ring's chunks in flight ({ring_buffer_bytes() / MiB:.0f} MiB: "
-            "K, V of the chunk computed with and those posted ahead, its dK/dV share); "
-            + allocation_note(reference, ours)
+            "K, V of the chunk computed with and those posted ahead, its dK/dV share)"
         ),
         targets={4: "<= 0.40"},
         fits={
@@ -118,7 +116,6 @@ def run(quick: bool, seq: int | None = None) -> tuple[list[dict[str, Any]], list
             "unit": "tokens",
             "exponent": 1,
             "multiple": 1024,
-            "budget": 1024 * MiB,
         },
     )
 

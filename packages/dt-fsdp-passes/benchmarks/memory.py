@@ -72,11 +72,9 @@ def layer_bytes(width: int) -> int:
 
 def run(quick: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from dt_core.testing.memory import (
-        MiB,
-        allocation_note,
         measure_one_process,
         measure_ranks,
-        scaling_report,
+        measured_report,
     )
 
     width, depth = (256, 4) if quick else (WIDTH, DEPTH)
@@ -92,16 +90,15 @@ def run(quick: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         for p in ranks
     }
     problem = f"{depth} x Linear({width}, {width}) fp32 + Adam, batch {BATCH}"
-    return scaling_report(
+    return measured_report(
         "dt-fsdp-passes",
         problem,
-        reference["peak"],
-        {p: r["peak"] for p, r in ours.items()},
+        reference,
+        ours,
         floors,
         floor_note=(
             "simple_fsdp eager, defaults; floor: max(one process's peak / P, its state / P + "
-            f"{depth - 1} gradient shards + a gathered layer and its full gradient); "
-            + allocation_note(reference, ours)
+            f"{depth - 1} gradient shards + a gathered layer and its full gradient)"
         ),
         targets={4: "<= 0.33"},
         others={"torch FSDP2 (fully_shard per layer)": {p: r["peak"] for p, r in fsdp2.items()}},
@@ -111,7 +108,6 @@ def run(quick: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             "unit": "features",
             "exponent": 2,
             "multiple": 64,
-            "budget": 1024 * MiB,
         },
     )
 

@@ -334,8 +334,8 @@ def scaling_report(
     """Report rows and one plot for a plugin's per-rank peak (bytes) at each P against one
     process on the whole problem, the floor (`floors`, bytes, P > 1) and `others` (e.g.
     torch's FSDP2, bytes by P). `fits` = {"size", "what", "unit", "exponent", "multiple",
-    "budget"} adds the largest problem within `budget` bytes per rank at P = 1 and each P
-    (`largest_fitting` from each measured peak)."""
+    "budget" (1 GiB if left out)} adds the largest problem within `budget` bytes per rank at
+    P = 1 and each P (`largest_fitting` from each measured peak)."""
     targets, others = targets or {}, others or {}
     ranks = sorted(peaks)
     per_p = ", ".join(f"P={p} {_mib(one_process) / p:.1f}" for p in ranks)
@@ -374,7 +374,7 @@ def scaling_report(
             for p in sorted(by_p)
         ]
     if fits:
-        budget = fits["budget"]
+        budget = fits.get("budget", 1024 * MiB)
         sizes = {
             p: largest_fitting(fits["size"], peak, budget, fits["exponent"], fits["multiple"])
             for p, peak in [(1, one_process), *((p, peaks[p]) for p in ranks)]
@@ -418,3 +418,27 @@ def scaling_report(
         }
     ]
     return rows, series
+
+
+def measured_report(
+    label: str,
+    problem: str,
+    reference: dict[str, int],
+    ours: dict[int, dict[str, int]],
+    floors: dict[int, float],
+    *,
+    floor_note: str,
+    **options: Any,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`scaling_report` from what `measure_one_process` (`reference`) and `measure_ranks`
+    (`ours`) returned: their peaks, and torch's allocation view after the floor's note.
+    `options`: `scaling_report`'s `targets`, `others`, `fits`."""
+    return scaling_report(
+        label,
+        problem,
+        reference["peak"],
+        {p: r["peak"] for p, r in ours.items()},
+        floors,
+        floor_note=f"{floor_note}; {allocation_note(reference, ours)}",
+        **options,
+    )
