@@ -85,6 +85,7 @@ def window_ops_2d(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor):  # type:
     y = F.conv_transpose2d(y, w2, stride=2, padding=1)
     y = F.avg_pool2d(F.pad(y, (0, 1, 1, 0), value=0.5), 2, ceil_mode=True)
     y = F.pad(y, (1, 1, 2, 2), mode="circular")
+    y = F.interpolate(y, scale_factor=1.5, mode="bicubic")
     return F.interpolate(y, size=(9, 7), mode="nearest")
 
 

@@ -274,6 +274,12 @@ def op_cases() -> list[tuple]:
             "bilinear corners",
             lambda t: F.interpolate(t, size=(4, 11), mode="bilinear", align_corners=True),
         ),
+        ("bicubic", lambda t: F.interpolate(t, scale_factor=2, mode="bicubic")),
+        ("bicubic down", lambda t: F.interpolate(t, size=(6, 4), mode="bicubic")),
+        (
+            "bicubic corners",
+            lambda t: F.interpolate(t, scale_factor=1.5, mode="bicubic", align_corners=True),
+        ),
         ("pad constant", lambda t: F.pad(t, (1, 2, 3, 0), value=0.5)),
         ("pad crop", lambda t: F.pad(t, (-1, 2, 2, -2))),
         ("pad reflect", lambda t: F.pad(t, (2, 1, 3, 2), mode="reflect")),
@@ -399,6 +405,31 @@ def test_what_cannot_run_sharded_falls_back_exactly_with_one_warning_naming_the_
     assert len(fell_back) == 2, fell_back
     assert all("convolution" in m for m in fell_back), fell_back
     assert any("Partial" in m for m in fell_back) and any("transposed" in m for m in fell_back)
+
+
+def test_antialiased_interpolation_falls_back_exactly_with_one_warning() -> None:
+    """torch's own rules would replicate `antialias=True` without a word: dt-conv takes
+    it, runs it on replicated inputs (exact) and warns once per op, naming the reason."""
+    from dt_conv.fallback import reset_warnings
+    from torch.distributed.tensor import Shard
+
+    x = randn(1, 2, 12, 7)
+    modes = [("bilinear", (5, 4)), ("bicubic", (5, 4)), ("bicubic", (4, 3))]
+    reset_warnings()
+    failures = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with SimulatedWorld(3, (3,)) as sim:
+            for mode, size in modes:
+
+                def fn(t: torch.Tensor, mode: str = mode, size: tuple = size) -> torch.Tensor:
+                    return F.interpolate(t, size=size, mode=mode, antialias=True)
+
+                failures.append(sim.compare([Shard(2)], fn, x, name=f"{mode} antialias"))
+    assert failures == [None] * len(modes), failures
+    fell_back = _fallbacks(caught)
+    assert len(fell_back) == 4, fell_back  # bilinear and bicubic, forward and backward
+    assert all("antialias" in m for m in fell_back), fell_back
 
 
 def test_wrong_arguments_raise_torchs_error_under_the_mode() -> None:
@@ -564,9 +595,10 @@ def _draw_case(data: Any) -> tuple:
         name = f"{kind}{n}d k={kernel} {kw}"
     elif kind == "interpolate":
         modes = ["nearest", "nearest-exact", {1: "linear", 2: "bilinear", 3: "trilinear"}[n]]
+        modes += ["bicubic"] if n == 2 else []
         mode = data.draw(st.sampled_from(modes), label="mode")
         kw = {"mode": mode}
-        if "linear" in mode:
+        if "linear" in mode or mode == "bicubic":
             kw["align_corners"] = data.draw(st.booleans())
         if data.draw(st.booleans(), label="by size"):
             kw["size"] = ints(1, 2 * top)

@@ -26,8 +26,13 @@ MODE_PAD = in_dims("reflection_pad", "replication_pad")
 UPSAMPLE = (
     "upsample_linear1d",
     "upsample_bilinear2d",
+    "upsample_bicubic2d",
     "upsample_trilinear3d",
     *in_dims("upsample_nearest", "_upsample_nearest_exact"),
+    # antialiased: not sharded, but taken so that the replicated fallback warns (torch's
+    # own rules would replicate them without a word)
+    "_upsample_bilinear2d_aa",
+    "_upsample_bicubic2d_aa",
 )
 
 HANDLED = (

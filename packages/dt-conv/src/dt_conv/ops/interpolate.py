@@ -1,10 +1,14 @@
-"""`F.interpolate` (nearest, nearest-exact, linear, bilinear, trilinear) on sharded dims.
+"""`F.interpolate` (nearest, nearest-exact, linear, bilinear, bicubic, trilinear) on
+sharded dims.
 
-Interpolation is separable: along each dim, output row `o` reads input rows `i0[o]` and
-`i1[o]` with weights `w0[o]`, `w1[o]`. Those tables come from torch itself — its 1-D op
-applied to an index ramp (nearest) or an identity matrix (linear) — so the sharded
-result uses torch's own index and weight arithmetic, including scale factors and
-align_corners. A rank computes its owned output rows from a halo window of input rows.
+Interpolation is separable: along each dim, output row `o` reads a few input rows (its
+taps: one for nearest, two for linear, four for cubic) with weights. Those tables come
+from torch itself — its op applied to an index ramp (nearest) or an identity matrix
+(linear, cubic) — so the sharded result uses torch's own index and weight arithmetic,
+including scale factors, align_corners and the clamping of cubic taps at the borders. A
+rank computes its owned output rows from a halo window of input rows. Antialiased modes
+(`antialias=True`) read a footprint that grows with the downscale: they fall back to
+replicated inputs with a warning.
 """
 
 from __future__ import annotations
@@ -34,19 +38,42 @@ PROBES = {
 
 @dataclass(frozen=True)
 class DimTable:
-    """Per output row: two source rows and their weights (nearest: one row, weight 1)."""
+    """Per output row: its source rows, one per tap (`taps[k][o]`), and their weights
+    (`weights[k][o]`; nearest: one tap and no weights). A row with fewer taps than the
+    table repeats its last source row with weight 0."""
 
-    i0: tuple[int, ...]
-    i1: tuple[int, ...]
-    w0: tuple[float, ...]
-    w1: tuple[float, ...]
-    linear: bool
+    taps: tuple[tuple[int, ...], ...]
+    weights: tuple[tuple[float, ...], ...] | None
+
+    @property
+    def rows(self) -> int:
+        return len(self.taps[0])
 
     def reach(self) -> Table:
         return Table(
-            tuple(min(a, b) for a, b in zip(self.i0, self.i1, strict=True)),
-            tuple(max(a, b) + 1 for a, b in zip(self.i0, self.i1, strict=True)),
+            tuple(min(rows) for rows in zip(*self.taps, strict=True)),
+            tuple(max(rows) + 1 for rows in zip(*self.taps, strict=True)),
         )
+
+
+TAPS = {"linear": 2, "cubic": 4}
+
+
+def _weight_matrix(
+    kind: str, size: int, out: int, align_corners: bool, scale: float | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """(size, out): column o holds output row o's weight on each input row, from torch's
+    kernel applied to an identity (cubic: the 2-D op on a width-1 image, whose width
+    interpolation is the identity exactly)."""
+    eye = torch.eye(size, dtype=dtype)
+    if kind == "linear":
+        line = aten.upsample_linear1d.default(
+            eye.reshape(size, 1, size), [out], align_corners, scale
+        )
+        return line.reshape(size, out)
+    image = eye.reshape(size, 1, size, 1)
+    cubic = aten.upsample_bicubic2d.default(image, [out, 1], align_corners, scale, None)
+    return cubic.reshape(size, out)
 
 
 @functools.lru_cache(maxsize=256)
@@ -58,58 +85,68 @@ def dim_table(
     scale: float | None,
     dtype: torch.dtype,
 ) -> DimTable:
-    """torch's own source rows and weights for one dim, read off its 1-D kernel: a ramp
-    through nearest gives the source rows, an identity through linear the weights (run on
-    real probe tensors even while tracing: the table is metadata, not graph)."""
+    """torch's own source rows and weights for one dim, read off its kernel: a ramp
+    through nearest gives the source rows, an identity through linear or cubic the
+    weights (run on real probe tensors even while tracing: the table is metadata, not
+    graph)."""
     probe_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     with no_dispatch_modes():
-        if kind != "linear":
+        if kind not in TAPS:
             ramp = torch.arange(size, dtype=probe_dtype).reshape(1, 1, size)
             src = PROBES[kind](ramp, [out], scale).reshape(out).long().tolist()
-            ones = (1.0,) * out
-            return DimTable(tuple(src), tuple(src), ones, (0.0,) * out, False)
-        eye = torch.eye(size, dtype=probe_dtype).reshape(size, 1, size)
-        weights = PROBES["linear"](eye, [out], bool(align_corners), scale).reshape(size, out)
-        i0 = (weights != 0).to(torch.int8).argmax(0)
-        i1 = torch.clamp(i0 + 1, max=size - 1)
-        cols = torch.arange(out)
-        w0 = weights[i0, cols]
-        w1 = torch.where(i1 != i0, weights[i1, cols], torch.zeros_like(w0))
-        return DimTable(
-            tuple(i0.tolist()), tuple(i1.tolist()), tuple(w0.tolist()), tuple(w1.tolist()), True
-        )
+            return DimTable((tuple(src),), None)
+        weights = _weight_matrix(kind, size, out, bool(align_corners), scale, probe_dtype)
+        taps: list[list[int]] = [[] for _ in range(TAPS[kind])]
+        values: list[list[float]] = [[] for _ in range(TAPS[kind])]
+        for column in weights.t().tolist():
+            rows = [i for i, w in enumerate(column) if w != 0] or [0]
+            rows += [rows[-1]] * (TAPS[kind] - len(rows))
+            for k, row in enumerate(rows):
+                taps[k].append(row)
+                duplicate = k > 0 and row == rows[k - 1]
+                values[k].append(0.0 if duplicate else column[row])
+        return DimTable(tuple(map(tuple, taps)), tuple(map(tuple, values)))
 
 
 def _rows_of(
     table: DimTable, rows: tuple[int, int], start: int, like: torch.Tensor, dim: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(i0, i1) relative to a window starting at input row `start`, and (w0, w1) shaped
-    to broadcast along `dim` of `like`, for output rows `rows`."""
+) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Per tap: source rows relative to a window starting at input row `start`, and the
+    weights shaped to broadcast along `dim` of `like`, for output rows `rows`."""
     lo, hi = rows
-    idx0 = torch.tensor(table.i0[lo:hi], device=like.device) - start
-    idx1 = torch.tensor(table.i1[lo:hi], device=like.device) - start
     shape = [1] * like.ndim
     shape[dim] = hi - lo
-    w0 = torch.tensor(table.w0[lo:hi], dtype=like.dtype, device=like.device).reshape(shape)
-    w1 = torch.tensor(table.w1[lo:hi], dtype=like.dtype, device=like.device).reshape(shape)
-    return idx0, idx1, w0, w1
+    found = []
+    for k, tap in enumerate(table.taps):
+        index = torch.tensor(tap[lo:hi], device=like.device) - start
+        weight = None
+        if table.weights is not None:
+            values = table.weights[k][lo:hi]
+            weight = torch.tensor(values, dtype=like.dtype, device=like.device).reshape(shape)
+        found.append((index, weight))
+    return found
 
 
 def _apply(
     window: torch.Tensor, dim: int, table: DimTable, rows: tuple[int, int], start: int
 ) -> torch.Tensor:
     """Output rows `rows` along `dim` from a window whose first row is input row `start`."""
-    idx0, idx1, w0, w1 = _rows_of(table, rows, start, window, dim)
-    picked = window.index_select(dim, idx0)
-    if not table.linear:
-        return picked
-    return picked * w0 + window.index_select(dim, idx1) * w1
+    terms = [
+        window.index_select(dim, index) * (1 if weight is None else weight)
+        for index, weight in _rows_of(table, rows, start, window, dim)
+    ]
+    out = terms[0]
+    for term in terms[1:]:
+        out = out + term
+    return out
 
 
 def _kind(name: str) -> str:
     if "nearest_exact" in name:
         return "nearest_exact"
-    return "nearest" if "nearest" in name else "linear"
+    if "nearest" in name:
+        return "nearest"
+    return "cubic" if "bicubic" in name else "linear"
 
 
 def _window_op(
@@ -124,6 +161,10 @@ def _window_op(
     n = len(out_sizes)
     if len(in_shape) != n + 2:
         raise Unsupported("unexpected input rank")
+    if name.split(".")[0].removesuffix("_backward").endswith("_aa"):
+        raise Unsupported(
+            "antialiased interpolation reads a footprint that grows with the downscale"
+        )
     kind, first = _kind(name), len(in_shape) - n
     tables = [
         dim_table(kind, in_shape[first + i], out_sizes[i], align_corners, scales[i], x.dtype)
@@ -151,7 +192,7 @@ def _local_fns(
     def rows(i: int) -> tuple[tuple[int, int], int]:
         split = split_of.get(first + i)
         if split is None:
-            return (0, len(tables[i].i0)), 0
+            return (0, tables[i].rows), 0
         rank = plan.local_rank(split)
         return split.owned_out(rank), split.needed(rank)[0]
 
@@ -176,18 +217,16 @@ def _adjoint(
     shape = list(grad.shape)
     shape[dim] = size
     out = grad.new_zeros(shape)
-    idx0, idx1, w0, w1 = _rows_of(table, rows, start, grad, dim)
-    if not table.linear:
-        return out.index_add_(dim, idx0, grad)
-    out.index_add_(dim, idx0, grad * w0)
-    return out.index_add_(dim, idx1, grad * w1)
+    for index, weight in _rows_of(table, rows, start, grad, dim):
+        out.index_add_(dim, index, grad if weight is None else grad * weight)
+    return out
 
 
 def _split_args(name: str, values: list, backward: bool) -> tuple:
     """(output_size, input_size or None, align_corners or None, scales) of an upsample op."""
     rest = values[2:] if not backward else values[3:]
     in_size = values[2] if backward else None
-    if _kind(name) == "linear":
+    if _kind(name) in TAPS:
         return values[1], in_size, rest[0], list(rest[1:])
     return values[1], in_size, None, list(rest)
 
