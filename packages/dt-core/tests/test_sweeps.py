@@ -1,0 +1,28 @@
+"""dt_core.testing.sweeps: the budget multiplier and CI's fixed seed."""
+
+from __future__ import annotations
+
+import pytest
+from dt_core.testing.sweeps import sweep_examples, sweep_settings
+
+
+def test_the_budget_scales_with_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("DT_SWEEP_SCALE", raising=False)
+    assert sweep_examples(30) == 30
+    monkeypatch.setenv("DT_SWEEP_SCALE", "10")
+    assert sweep_examples(30) == 300
+    assert sweep_settings(4).max_examples == 40
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("DT_SWEEP_SCALE", bad)
+        with pytest.raises(ValueError, match="DT_SWEEP_SCALE"):
+            sweep_examples(30)
+
+
+def test_ci_draws_a_fixed_sequence(monkeypatch) -> None:
+    monkeypatch.delenv("DT_SWEEP_SCALE", raising=False)
+    monkeypatch.setenv("DT_TEST_SCOPE", "ci")
+    fixed = sweep_settings(5)
+    assert fixed.derandomize and fixed.database is None and fixed.deadline is None
+    monkeypatch.setenv("DT_TEST_SCOPE", "full")
+    assert not sweep_settings(5).derandomize
+    assert sweep_settings(5, deadline=1000).deadline is not None  # overrides win
