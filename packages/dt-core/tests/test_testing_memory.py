@@ -13,8 +13,8 @@ from dt_core.testing.memory import (
     fit_inverse_p,
     largest_fitting,
     live_tensor_bytes,
-    peak_from_events,
     measured_report,
+    peak_from_events,
     scaling_report,
     step_peak_bytes,
 )
