@@ -42,13 +42,14 @@ def make_plugin_dist(site: Path, name: str, module_source: str) -> None:
 
 
 def run_python(
-    script: str, site: Path | None = None, **env: str
+    script: str, site: Path | None = None, keep: tuple[str, ...] = (), **env: str
 ) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DT_PLUGINS_")}
-    # Other installed plugins (dt-conv in a shared dev venv, say) stay out of these tests.
+    # Other installed plugins (dt-conv in a shared dev venv, say) stay out of these tests,
+    # but for those named in `keep`.
     from dt_core.discovery import plugin_entry_points
 
-    others = [ep.name for ep in plugin_entry_points() if ep.name != "sample"]
+    others = [ep.name for ep in plugin_entry_points() if ep.name not in ("sample", *keep)]
     disabled = [*filter(None, env.pop("DT_PLUGINS_DISABLE", "").split(",")), *others]
     if disabled:
         full_env["DT_PLUGINS_DISABLE"] = ",".join(disabled)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         ShardingStrategy,
     )
     from .errors import DtPluginError, PluginConflictError, Unsupported, UnsupportedTorchError
+    from .explain import explain, explain_errors
     from .hookspecs import HOOK_API_VERSION, hookimpl
     from .records import PluginInfo
 
@@ -61,6 +62,7 @@ _HOME = {
     **dict.fromkeys(
         ("DtPluginError", "PluginConflictError", "Unsupported", "UnsupportedTorchError"), "errors"
     ),
+    **dict.fromkeys(("explain", "explain_errors"), "explain"),
     **dict.fromkeys(("HOOK_API_VERSION", "hookimpl"), "hookspecs"),
     "PluginInfo": "records",
 }
@@ -90,6 +92,8 @@ __all__ = [
     "__version__",
     "activate",
     "deactivate",
+    "explain",
+    "explain_errors",
     "hookimpl",
     "is_active",
     "plugins",

@@ -1,15 +1,29 @@
-"""`dt-plugins`: list the installed plugins (and their settings), check that they can all
-work together, or run a command and show what the plugins counted while it ran."""
+"""`dt-plugins`: list the installed plugins (why any is inactive, their settings), check
+that they can all work together and that what they contribute fits how torch will call
+it, or run a command and show what the plugins counted while it ran."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .kit.report import text_table
 from .records import PluginInfo
+
+if TYPE_CHECKING:
+    from .inactive import Inactive
+
+
+def _why(info: PluginInfo) -> Inactive | None:
+    from dt_core import activation
+
+    from .inactive import why_inactive
+
+    return why_inactive(info, activation.is_active())
 
 
 def _format_list(infos: list[PluginInfo]) -> str:
@@ -17,8 +31,11 @@ def _format_list(infos: list[PluginInfo]) -> str:
         return "no dt plugins installed (entry-point group 'dt.plugins')"
     from .hookspecs import HOOK_API_VERSION
 
-    rows = [["plugin", "distribution", "version", "hook API", "state", "ops", "passes", "patches"]]
+    header = ["plugin", "distribution", "version", "hook API", "state", "why inactive"]
+    rows = [[*header, "ops", "passes", "patches"]]
+    whys = {info.name: _why(info) for info in infos}
     for info in infos:
+        why = whys[info.name]
         rows.append(
             [
                 info.name,
@@ -26,6 +43,7 @@ def _format_list(infos: list[PluginInfo]) -> str:
                 info.version or "-",
                 info.api or "-",
                 info.state,
+                why.label if why else "-",
                 str(len(info.ops)),
                 str(len(info.passes)),
                 str(len(info.patches)),
@@ -33,8 +51,9 @@ def _format_list(infos: list[PluginInfo]) -> str:
         )
     out = [text_table(rows), f"(this dt-core provides hook API {HOOK_API_VERSION})"]
     for info in infos:
-        if info.reason:
-            out.append(f"{info.name}: {info.reason}")
+        why = whys[info.name]
+        if why is not None:
+            out.append(f"{info.name}: {info.state}: {why.sentence()}")
         for op in info.ops:
             out.append(f"{info.name}: op {op}")
         for label, names in (("pass", info.passes), ("", info.patches)):
@@ -44,12 +63,17 @@ def _format_list(infos: list[PluginInfo]) -> str:
     return "\n".join(out)
 
 
+def _as_dict(info: PluginInfo) -> dict[str, object]:
+    why = _why(info)
+    return {**info.as_dict(), "inactive": None if why is None else dataclasses.asdict(why)}
+
+
 def _list(args: argparse.Namespace) -> int:
     import dt_core
 
     infos = dt_core.plugins()
     if args.json:
-        print(json.dumps([info.as_dict() for info in infos], indent=2, default=repr))
+        print(json.dumps([_as_dict(info) for info in infos], indent=2, default=repr))
     else:
         print(_format_list(infos))
     if args.settings:
@@ -63,7 +87,8 @@ def _list(args: argparse.Namespace) -> int:
 def check_problems(infos: list[PluginInfo]) -> list[str]:
     """Everything that stops the installed plugins (`infos`) from working, as lines.
 
-    An untested torch the user opted into (the override) is no problem: the plugins run.
+    An untested torch the user opted into (the override) is no problem: the plugins run;
+    nor is a plugin inactive by the user's request (autoload off, disabled by name).
     """
     from dt_core import activation
     from dt_core.compat.torch_version import torch_version_problem, untested_torch_allowed
@@ -77,17 +102,57 @@ def check_problems(infos: list[PluginInfo]) -> list[str]:
             problems.append(f"plugin {info.name!r} failed: {info.reason}")
         if info.state == "incompatible":
             problems.append(f"plugin {info.name!r} is incompatible: {info.reason}")
+        why = _why(info)
+        if info.state in ("inactive", "pending") and why is not None and not why.requested:
+            problems.append(f"plugin {info.name!r} is inactive: {why.sentence()}")
     for claim, first, second in activation.conflicts():
         problems.append(f"conflict: plugins {first!r} and {second!r} both claim {claim}")
     return problems
 
 
+def _install_for_check() -> tuple[list[str], int]:
+    """Install the plugins in this process as a user's first DTensor use would (arming
+    them first if autoload is off by request). Returns notes on what the user turned
+    off, and how many plugins that leaves inactive."""
+    import dt_core
+    from dt_core import activation
+
+    from .inactive import autoload_off
+
+    notes, requested = [], 0
+    for info in dt_core.plugins():
+        why = _why(info)
+        requested += bool(why and why.requested)
+        if info.state == "disabled" and why is not None:
+            notes.append(f"plugin {info.name!r} is inactive by request: {why.sentence()}")
+    off = None if activation.is_active() else autoload_off()
+    if off is not None:
+        notes.append(
+            f"the plugins are inactive by request: {off.sentence()}; "
+            "checked as dt_core.activate() would install them"
+        )
+        activation.arm()
+    if activation.is_active():
+        import torch.distributed.tensor  # noqa: F401 - installs the DTensor part
+
+    return notes, requested
+
+
 def _check(args: argparse.Namespace) -> int:
     import dt_core
+    from dt_core import activation
 
+    from .contribution_checks import contribution_problems
+
+    notes, requested = _install_for_check()
     infos = dt_core.plugins()
     problems = check_problems(infos)
+    if activation.is_active():  # what is installed: nothing to validate otherwise
+        problems += contribution_problems(activation.ACTIVATION.registry.usable())
+    for line in notes:
+        print(f"note: {line}")
     count = len(infos)
+    by_request = f", {requested} inactive by request" if requested else ""
     if problems:
         for line in problems:
             print(f"problem: {line}")
@@ -105,9 +170,11 @@ def _check(args: argparse.Namespace) -> int:
             f"note: torch {torch_version()} is outside the tested releases "
             f"({TESTED_TORCH_SPEC}); the plugins run because {ALLOW_UNTESTED_ENV}=1"
         )
-        print(f"dt-plugins check: ok ({count} plugin(s), on an untested torch by request)")
+        print(
+            f"dt-plugins check: ok ({count} plugin(s){by_request}, on an untested torch by request)"
+        )
         return 0
-    print(f"dt-plugins check: ok ({count} plugin(s), torch in the tested range)")
+    print(f"dt-plugins check: ok ({count} plugin(s){by_request}, torch in the tested range)")
     return 0
 
 
@@ -138,7 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stats_parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command [args...]")
     stats_parser.set_defaults(run=_stats)
-    check_parser = commands.add_parser("check", help="exit non-zero when something is wrong")
+    check_parser = commands.add_parser(
+        "check",
+        help="install the plugins here and validate what they contribute; exit non-zero "
+        "when something is wrong",
+    )
     check_parser.set_defaults(run=_check)
     return parser
 

@@ -118,6 +118,18 @@ class PluginRegistry:
             self._manager = manager
             return manager
 
+    def plugin_object(self, record: PluginRecord) -> Any:
+        """The plugin's module (or object), loading it if discovery did not (a disabled
+        one): for reading what it declares, never registered. None if it cannot load."""
+        if record.module is not None:
+            return record.module
+        if record.origin is None:
+            return self._in_process.get(record.name)
+        try:
+            return discovery.load_plugin(record.origin)
+        except discovery.PluginLoadError:
+            return None
+
     def _admit(self, manager: pluggy.PluginManager, record: PluginRecord, plugin: Any) -> None:
         """Check the plugin's hook-API range, then register its hooks."""
         try:

@@ -31,11 +31,17 @@ class SharedOp:
         for entry in self.sharing:
             if entry.takes is not None and entry.takes(args, kwargs):
                 return entry.handler(op_call, args, kwargs)
-        if self.otherwise is MISSING:
-            from .compat.dispatch import torch_dispatch
+        try:
+            if self.otherwise is MISSING:
+                from .compat.dispatch import torch_dispatch
 
-            return torch_dispatch(op_call, args, kwargs)
-        return self.otherwise(op_call, args, kwargs)
+                return torch_dispatch(op_call, args, kwargs)
+            return self.otherwise(op_call, args, kwargs)
+        except Exception as error:  # a call none takes: name the inactive plugins for it
+            from .explain import explain
+
+            explain(error, op_call)
+            raise
 
 
 def install(handler: OpHandler) -> Undo:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..compat import local_tensor as compat
+from ..explain import explain_errors
 
 if TYPE_CHECKING:  # importing dt_core.testing (pytest loads it) must not import torch
     import torch
@@ -19,8 +20,9 @@ if TYPE_CHECKING:  # importing dt_core.testing (pytest loads it) must not import
 
 @contextlib.contextmanager
 def simulated_ranks(world_size: int) -> Iterator[Any]:
-    """`with simulated_ranks(4) as mode:` DTensor code inside runs for 4 ranks at once."""
-    with compat.fake_process_group(world_size):
+    """`with simulated_ranks(4) as mode:` DTensor code inside runs for 4 ranks at once.
+    An error leaving the block names the inactive plugins that handle its op."""
+    with explain_errors(), compat.fake_process_group(world_size):
         with compat.local_tensor_mode_type()(world_size) as mode:
             yield mode
 

@@ -350,6 +350,10 @@ def _rank_main(
 
 
 def _rank_error(exc: BaseException, *, in_task: bool = False) -> RankError:
+    if in_task and isinstance(exc, Exception):  # name the inactive plugins for its op
+        from dt_core.explain import explain
+
+        explain(exc)
     tb = exc.__traceback__
     if in_task and tb is not None:
         tb = tb.tb_next  # drop the harness's own frame: the report starts at the test body
