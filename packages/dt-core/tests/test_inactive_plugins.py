@@ -193,6 +193,7 @@ def test_a_plugin_disabled_by_name_is_named_with_how_to_enable_it(tmp_path: Path
     assert "disabled by name" in line and "remove 'spatial' from DT_PLUGINS_DISABLE" in line
 
 
+@pytest.mark.ci_once  # the CLI's words and exit codes: the same on every torch
 def test_check_passes_and_says_so_when_the_user_turned_plugins_off() -> None:
     off = run_python(CHECK, DT_PLUGINS_AUTOLOAD="0")
     assert off.returncode == 0, off.stdout + off.stderr
@@ -218,6 +219,7 @@ sys.exit(main(["check"]))
 """
 
 
+@pytest.mark.ci_once  # the CLI's words and exit codes: the same on every torch
 def test_check_fails_when_a_plugin_is_inactive_unasked() -> None:
     result = run_python(AUTOLOAD_FAILS)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -226,6 +228,7 @@ def test_check_fails_when_a_plugin_is_inactive_unasked() -> None:
     assert "call dt_core.activate()" in problem
 
 
+@pytest.mark.ci_once  # the CLI's words and exit codes: the same on every torch
 def test_list_gives_the_reason_for_each_inactive_plugin(tmp_path: Path) -> None:
     make_plugin_dist(tmp_path, "broken", BROKEN)
     result = run_python(LIST, tmp_path, DT_PLUGINS_AUTOLOAD="0")
