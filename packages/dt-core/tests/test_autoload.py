@@ -258,7 +258,10 @@ def test_cli_list_json_and_check(tmp_path: Path) -> None:
     assert "dt-sample-plugin" in table.stdout and "active" in table.stdout
 
     check = "import sys; from dt_core.cli import main; sys.exit(main(['check']))"
-    assert run_python(check).returncode == 0
+    passed = run_python(check)
+    assert passed.returncode == 0
+    (said,) = [line for line in passed.stdout.splitlines() if line.startswith("checked: ")]
+    assert "op_handlers" in said and "the torch release" in said  # what it validated
     make_plugin_dist(tmp_path, "broken", BROKEN)
     failed = run_python(check, tmp_path)
     assert failed.returncode == 1

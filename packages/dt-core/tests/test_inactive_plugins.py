@@ -260,3 +260,27 @@ def test_an_untested_torch_is_the_reason_given(monkeypatch) -> None:
     assert "torch 9.0.0 is outside the tested releases" in why.reason
     assert "DT_PLUGINS_ALLOW_UNTESTED_TORCH=1" in why.turn_on
     assert torch.__version__  # the real torch is untouched
+
+
+def test_list_is_one_row_per_plugin_by_name_and_verbose_adds_what_each_installs() -> None:
+    from dt_core.cli import _format_list
+    from dt_core.records import PluginInfo
+
+    def info(name: str, ops: tuple[str, ...]) -> PluginInfo:
+        return PluginInfo(name, f"dt-{name}", "1.0", ">=1.0,<2", ops, (), (), {}, "active", None)
+
+    infos = [
+        info("zeta", ("aten.add.Tensor",)),
+        info("alpha", ("aten.mul.Tensor", "aten.div.Tensor")),
+    ]
+    short = _format_list(infos).splitlines()
+    rows = [line.split()[0] for line in short if line.startswith(("alpha ", "zeta "))]
+    assert rows == ["alpha", "zeta"]
+    assert not [line for line in short if ": op " in line]
+    assert "--verbose" in short[-1]
+    verbose = _format_list(infos, verbose=True).splitlines()
+    assert [line for line in verbose if ": op " in line] == [
+        "alpha: op aten.mul.Tensor",
+        "alpha: op aten.div.Tensor",
+        "zeta: op aten.add.Tensor",
+    ]

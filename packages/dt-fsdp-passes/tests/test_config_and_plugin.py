@@ -119,7 +119,7 @@ def test_dt_plugins_list_shows_the_passes_and_settings() -> None:
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "dt_core.cli", "list", "--settings"],
+        [sys.executable, "-m", "dt_core.cli", "list", "--verbose", "--settings"],
         capture_output=True,
         text=True,
         timeout=120,

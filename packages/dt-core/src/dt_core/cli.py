@@ -26,10 +26,14 @@ def _why(info: PluginInfo) -> Inactive | None:
     return why_inactive(info, activation.is_active())
 
 
-def _format_list(infos: list[PluginInfo]) -> str:
+def _format_list(infos: list[PluginInfo], verbose: bool = False) -> str:
+    """One row per plugin, by name, and a line per inactive plugin saying why and how to
+    turn it on; `verbose` adds a line per op, pass and patch each plugin installs."""
     if not infos:
         return "no dt plugins installed (entry-point group 'dt.plugins')"
     from .hookspecs import HOOK_API_VERSION
+
+    infos = sorted(infos, key=lambda info: info.name)
 
     header = ["plugin", "distribution", "version", "hook API", "state", "why inactive"]
     rows = [[*header, "ops", "passes", "patches"]]
@@ -54,6 +58,10 @@ def _format_list(infos: list[PluginInfo]) -> str:
         why = whys[info.name]
         if why is not None:
             out.append(f"{info.name}: {info.state}: {why.sentence()}")
+    if not verbose:
+        out.append("(dt-plugins list --verbose: every op, pass and patch of each plugin)")
+        return "\n".join(out)
+    for info in infos:
         for op in info.ops:
             out.append(f"{info.name}: op {op}")
         for label, names in (("pass", info.passes), ("", info.patches)):
@@ -75,7 +83,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_as_dict(info) for info in infos], indent=2, default=repr))
     else:
-        print(_format_list(infos))
+        print(_format_list(infos, verbose=args.verbose))
     if args.settings:
         from dt_core.kit.report import settings_table
 
@@ -142,15 +150,23 @@ def _check(args: argparse.Namespace) -> int:
     import dt_core
     from dt_core import activation
 
-    from .contribution_checks import contribution_problems
+    from .contribution_checks import checked_counts, contribution_problems
 
     notes, requested = _install_for_check()
     infos = dt_core.plugins()
     problems = check_problems(infos)
+    checked: dict[str, int] = {}
     if activation.is_active():  # what is installed: nothing to validate otherwise
-        problems += contribution_problems(activation.ACTIVATION.registry.usable())
+        usable = activation.ACTIVATION.registry.usable()
+        problems += contribution_problems(usable)
+        checked = checked_counts(usable)
     for line in notes:
         print(f"note: {line}")
+    what = ", ".join(f"{n} {kind}" for kind, n in checked.items()) or "none (nothing installed)"
+    print(
+        f"checked: {len(infos)} plugin(s) found and their states, the torch release, each "
+        f"hook API range, and what the active plugins contribute: {what}"
+    )
     count = len(infos)
     by_request = f", {requested} inactive by request" if requested else ""
     if problems:
@@ -198,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     list_parser.add_argument("--json", action="store_true", help="machine-readable output")
     list_parser.add_argument(
         "--settings", action="store_true", help="also every plugin setting and its variable"
+    )
+    list_parser.add_argument(
+        "--verbose", action="store_true", help="also every op, pass and patch of each plugin"
     )
     list_parser.set_defaults(run=_list)
     stats_parser = commands.add_parser(

@@ -224,3 +224,14 @@ def contribution_problems(records: list[Any]) -> list[str]:
                         f"plugin {record.name!r}: checking {kind_name} failed: {describe(error)}"
                     )
     return found
+
+
+def checked_counts(records: list[Any]) -> dict[str, int]:
+    """How many contributions of each kind `contribution_problems` checks in `records`:
+    what `dt-plugins check` says it checked."""
+    counts: dict[str, int] = {}
+    for record in records:
+        for kind_name, items in record.contributions.items():
+            if kind_name in CHECKS and items:
+                counts[kind_name] = counts.get(kind_name, 0) + len(items)
+    return dict(sorted(counts.items()))
