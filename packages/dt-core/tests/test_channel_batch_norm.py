@@ -110,10 +110,9 @@ def _check_cases(cases, channel_counts=(5, 6)) -> None:
 
 
 # Real ranks, one shared world per size: simulated ranks (LocalTensorMode) cost a minute
-# a case on torch 2.11. There a train step takes about 10 s (torch 2.11 has no sharding
-# strategy for the batch-norm backward ops, which torch-gaps leaves to torch), so every
-# release runs two kinds at 5 channels; the 4-rank test (on the newest torch in CI's
-# scope) runs every kind.
+# a case on torch 2.11. Every release runs two kinds at 5 channels; the 4-rank test (on
+# the newest torch in CI's scope) runs every kind. The backward is torch-gaps' too (torch
+# 2.11 and 2.12 have no strategy for it; DTensor's decomposition took about 10 s a step).
 @pytest.mark.ranks(2, timeout=600)
 def test_channel_sharded_batch_norm_trains_as_one_process_on_2_ranks() -> None:
     _check_cases([(kind, (2,), ("S1",)) for kind in ("bn2d", "cumulative")], channel_counts=(5,))

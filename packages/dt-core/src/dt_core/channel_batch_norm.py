@@ -10,6 +10,11 @@ and one all-gather of C numbers per statistic brings every rank the updated vect
 
 A batch shard next to the channel one is gathered first (as torch's strategy does, the
 batch statistics need every sample); spatial shards are dt-conv's, never taken here.
+
+The backward ops are taken on the same layouts: each rank's channels need only their own
+statistics, so the kernel runs on local channels with no communication beyond the batch
+gather. Torch 2.11 and 2.12 have no batch-norm backward strategy (DTensor decomposes the
+op there, seconds a step); on later releases the result is the same as torch's strategy.
 """
 
 from __future__ import annotations
@@ -32,13 +37,32 @@ UPDATING = {
     "_batch_norm_no_update.default": (False, "none"),
 }
 
+# Backward overloads and their per-channel arguments (sliced to each rank's channels);
+# both return (grad_input, grad_weight, grad_bias).
+BACKWARD = {
+    "native_batch_norm_backward.default": (
+        "weight",
+        "running_mean",
+        "running_var",
+        "save_mean",
+        "save_invstd",
+    ),
+    "batch_norm_backward.default": (
+        "weight",
+        "running_mean",
+        "running_var",
+        "save_mean",
+        "save_var",
+    ),
+}
+
 BATCH, CHANNELS = 0, 1
 
 
-def ops() -> list[Any]:
-    """The overloads this torch has, of those in `UPDATING`."""
+def ops(names: Any = None) -> list[Any]:
+    """The overloads this torch has, of those in `names` (default: `UPDATING`)."""
     found = []
-    for name in UPDATING:
+    for name in UPDATING if names is None else names:
         packet_name, overload = name.split(".")
         packet = getattr(torch.ops.aten, packet_name, None)
         op = getattr(packet, overload, None) if packet is not None else None
@@ -63,16 +87,82 @@ def takes_for(op: Any) -> Callable[[tuple, dict], bool]:
             return False
         if not all(p.is_replicate() for p in running_mean.placements):
             return False
-        shards = [p for p in x.placements if not p.is_replicate()]
-        if not any(p.is_shard(CHANNELS) for p in shards) or not all(
-            p.is_shard(CHANNELS) or p.is_shard(BATCH) for p in shards
-        ):
-            return False
-        sizes = zip(x.device_mesh.shape, x.placements, strict=True)
-        pieces = [n for n, p in sizes if p.is_shard(CHANNELS)]
-        return not _some_shard_empty(x.shape[CHANNELS], pieces)
+        return _channel_layout(x)
 
     return takes
+
+
+def _channel_layout(x: Any) -> bool:
+    """Whether DTensor `x`'s only shards are channel (some) and batch shards, none of the
+    channel shards empty."""
+    shards = [p for p in x.placements if not p.is_replicate()]
+    if not any(p.is_shard(CHANNELS) for p in shards) or not all(
+        p.is_shard(CHANNELS) or p.is_shard(BATCH) for p in shards
+    ):
+        return False
+    sizes = zip(x.device_mesh.shape, x.placements, strict=True)
+    pieces = [n for n, p in sizes if p.is_shard(CHANNELS)]
+    return not _some_shard_empty(x.shape[CHANNELS], pieces)
+
+
+def backward_takes_for(op: Any) -> Callable[[tuple, dict], bool]:
+    """The `takes` of a backward op's handler: the input and its gradient DTensors on a
+    channel layout `takes_for` takes, the per-channel arguments DTensors or None."""
+
+    def takes(args: tuple, kwargs: dict) -> bool:
+        from torch.distributed.tensor import DTensor
+
+        from .kit.arguments import bind_arguments, op_name
+
+        values = bind_arguments(op, args, kwargs)
+        x, grad = values["input"], values["grad_out"]
+        if not (isinstance(x, DTensor) and isinstance(grad, DTensor)):
+            return False
+        if not all(
+            values[k] is None or isinstance(values[k], DTensor) for k in BACKWARD[op_name(op)]
+        ):
+            return False
+        same_channels = [p.is_shard(CHANNELS) for p in grad.placements] == [
+            p.is_shard(CHANNELS) for p in x.placements
+        ]
+        return same_channels and _channel_layout(x) and _channel_layout(grad)
+
+    return takes
+
+
+def handle_backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
+    """The backward on each rank's channels: grad_input laid out as the forward's output,
+    grad_weight and grad_bias per channel (each rank's channels)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from .dtensors import as_dtensor
+    from .kit.arguments import bind_arguments, op_name
+
+    values: dict[str, Any] = bind_arguments(op_call, args, kwargs)
+    per_channel_args = BACKWARD[op_name(op_call)]
+    x: DTensor = values["input"]
+    mesh = x.device_mesh
+    placements = [Replicate() if p.is_shard(BATCH) else p for p in x.placements]
+    per_channel = [Shard(0) if p.is_shard(CHANNELS) else Replicate() for p in placements]
+    channels = x.shape[CHANNELS]
+
+    def mine(key: str, value: Any) -> Any:
+        if not isinstance(value, DTensor):
+            return value
+        if key in ("input", "grad_out"):
+            return value.redistribute(mesh, placements).to_local()
+        if key in per_channel_args and value.shape == (channels,):
+            return value.redistribute(mesh, per_channel).to_local()
+        return value.redistribute(mesh, [Replicate()] * mesh.ndim).to_local()  # empty saves
+
+    grad_input, grad_weight, grad_bias = op_call(*(mine(k, v) for k, v in values.items()))
+    return (
+        None if grad_input is None else as_dtensor(grad_input, mesh, placements, x.shape),
+        *(
+            None if t is None else as_dtensor(t, mesh, per_channel, (channels,))
+            for t in (grad_weight, grad_bias)
+        ),
+    )
 
 
 def _some_shard_empty(channels: int, pieces: list[int]) -> bool:

@@ -35,7 +35,8 @@ And where torch alone is silently wrong:
 - batch norm in train mode on a channel-sharded input leaves the module's running
   statistics unchanged (torch updates a redistributed copy): an op handler that takes
   those calls, and only those, runs each rank's channels and gathers the updated
-  statistics (`channel_batch_norm`). It shares the ops with plugins' handlers for other
+  statistics (`channel_batch_norm`), and the backward on the same layouts (torch 2.11
+  and 2.12 have no strategy for it). It shares the ops with plugins' handlers for other
   placements (dt-conv takes the spatially sharded calls).
 """
 
@@ -233,7 +234,16 @@ def dt_sharding_strategies() -> list[ShardingStrategy]:
 def dt_op_handlers() -> list[OpHandler]:
     from . import channel_batch_norm
 
-    return [
+    forward = [
         OpHandler(op, channel_batch_norm.handle, takes=channel_batch_norm.takes_for(op))
         for op in channel_batch_norm.ops()
     ]
+    backward = [
+        OpHandler(
+            op,
+            channel_batch_norm.handle_backward,
+            takes=channel_batch_norm.backward_takes_for(op),
+        )
+        for op in channel_batch_norm.ops(channel_batch_norm.BACKWARD)
+    ]
+    return forward + backward
