@@ -19,7 +19,7 @@ def test_handlers_are_installed_by_autoload() -> None:
     from dt_conv.handlers import HANDLERS
     from torch.distributed.tensor import DTensor
 
-    assert len(set(HANDLED)) == len(HANDLED) == 41
+    assert len(set(HANDLED)) == len(HANDLED) == 47  # bicubic and the antialiased modes: 6
     assert set(HANDLERS) == set(HANDLED)  # every op installed has its function, and only those
     installed = DTensor._op_dispatcher._custom_op_handlers
     for name in HANDLED:
