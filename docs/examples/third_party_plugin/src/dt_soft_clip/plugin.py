@@ -1,6 +1,6 @@
 """The plugin module the `dt.plugins` entry point names: hook implementations only.
 
-It stays light at import (torch's `import torch` runs through here): torch pieces load
+It stays light at import (dt-core loads it while `import torch` runs): torch pieces load
 inside the hooks and the functions they return.
 """
 
@@ -35,13 +35,16 @@ def dt_library_ops() -> list[LibraryOps]:
 
 
 def _placements(x: Any, limit: float) -> list[tuple[list[Any], list[Any]]]:
-    """What DTensor may do per mesh dim: an elementwise op keeps any Shard or Replicate.
+    """The op's sharding options on one mesh dim: (output placements, input placements).
 
-    Not Partial: soft_clip of a pending sum is not the sum of soft_clips, so DTensor
-    reduces a Partial input first (the options list no Partial input).
+    Called with the op's arguments: `x` as its DTensorSpec (`x.ndim`, `x.placements`),
+    `limit` as the float. An elementwise op keeps any Shard or Replicate. Not Partial:
+    soft_clip of a pending sum is not the sum of soft_clips, so no option takes a Partial
+    input, and DTensor reduces one before the call.
     """
     from torch.distributed.tensor import Replicate, Shard
 
+    # each option: ([the output], [x, limit]); None for limit, which is no tensor
     options: list[tuple[list[Any], list[Any]]] = [([Replicate()], [Replicate(), None])]
     options += [([Shard(d)], [Shard(d), None]) for d in range(x.ndim)]
     return options
