@@ -38,9 +38,10 @@ class SharedOp:
                 return torch_dispatch(op_call, args, kwargs)
             return self.otherwise(op_call, args, kwargs)
         except Exception as error:  # a call none takes: name the inactive plugins for it
-            from .explain import explain
+            import dt_core  # its lazy attribute: explain reads the activation, which
+            # installs these handlers, so a direct import would close a cycle
 
-            explain(error, op_call)
+            dt_core.explain(error, op_call)
             raise
 
 
