@@ -19,17 +19,11 @@ import torch
 from dt_core.compat.tracing import below_autograd, run_torch_composite
 from torch.distributed.tensor import DTensor
 
-LINEAR = (
-    "upsample_linear1d",
-    "upsample_bilinear2d",
-    "upsample_bicubic2d",
-    "upsample_trilinear3d",
-    "_upsample_bilinear2d_aa",
-    "_upsample_bicubic2d_aa",
-)  # the ops whose `.vec` overload takes align_corners
-NEAREST = tuple(
-    f"{op}{n}d" for op in ("upsample_nearest", "_upsample_nearest_exact") for n in (1, 2, 3)
-)
+from ..handled_ops import UPSAMPLE
+
+# the ops whose `.vec` overload takes align_corners (every mode but the nearest ones)
+LINEAR = tuple(name for name in UPSAMPLE if "nearest" not in name)
+NEAREST = tuple(name for name in UPSAMPLE if "nearest" in name)
 VEC_OPS = LINEAR + NEAREST
 
 
