@@ -273,36 +273,17 @@ def test_op_families_exact_at_scale(
     assert outcomes.exact >= 1, summary
 
 
-# ---- a reproducer found next to the sweep (whose layouts always shard a spatial dim) ----
-
-
-def _torch_has_strategy(op: Any) -> bool:
-    """Whether DTensor's propagator holds a sharding strategy or rule for `op` now."""
-    from dt_core.compat.dispatch import op_dispatcher
-
-    propagator = op_dispatcher().sharding_propagator
-    tables = ("op_strategy_funcs", "op_to_rules", "op_single_dim_strategy_funcs")
-    return any(op in getattr(propagator, name, {}) for name in tables)
+# ---- found next to the sweep (whose layouts always shard a spatial dim) ----------------
 
 
 @pytest.mark.parametrize("placement", ["Shard(0)", "Shard(1)", "Replicate()"])
-def test_max_pool3d_backward_without_a_sharded_spatial_dim(
-    request: pytest.FixtureRequest, placement: str
-) -> None:
+def test_max_pool3d_backward_without_a_sharded_spatial_dim(placement: str) -> None:
     """max_pool3d on batch- or channel-sharded (or replicated) inputs, values and input
-    gradient. dt-conv hands these calls to torch (`dt_conv.ownership.SHARED_WITH_TORCH`
-    lists max_pool3d_with_indices_backward), but torch up to 2.14 registers no sharding
-    strategy for that backward op (only for the 2-D one): it raises NotImplementedError."""
+    gradient. Torch up to 2.14 has no sharding strategy for its backward (only for the 2-D
+    one) and raised NotImplementedError: dt-conv hands such calls to torch only where
+    torch has a strategy, and runs them itself otherwise."""
     from torch.distributed.tensor import Replicate, Shard
 
-    backward = torch.ops.aten.max_pool3d_with_indices_backward.default
-    if not _torch_has_strategy(backward):
-        reason = (
-            "BUG: dt-conv hands max_pool3d without a sharded spatial dim to torch, which has "
-            "no sharding strategy for aten.max_pool3d_with_indices_backward: the backward "
-            "raises NotImplementedError"
-        )
-        request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason))
     layout = {"Shard(0)": Shard(0), "Shard(1)": Shard(1), "Replicate()": Replicate()}
     outcomes = Outcomes()
     with SimulatedWorld(2, (2,)) as sim:

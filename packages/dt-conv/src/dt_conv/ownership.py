@@ -38,11 +38,21 @@ def windowed_dims(name: str, args: tuple, kwargs: dict) -> int:
 
 def torch_owns(name: str, args: tuple, kwargs: dict) -> bool:
     """Whether torch's own dispatch computes this call as dt-conv would want: the op is
-    shared with torch and no DTensor argument is sharded along a windowed dim."""
-    if name not in SHARED_WITH_TORCH:
+    shared with torch, this torch has a sharding strategy for it (none for
+    max_pool3d's backward up to 2.14, nor the antialiased interpolations: torch would
+    raise, dt-conv's path is exact) and no DTensor argument is sharded along a windowed
+    dim."""
+    if name not in SHARED_WITH_TORCH or not _torch_has_strategy(name):
         return False
     count = windowed_dims(name, args, kwargs)
     return not any(_shards_windowed_dim(a, count) for a in (*args, *kwargs.values()))
+
+
+def _torch_has_strategy(name: str) -> bool:
+    import torch
+    from dt_core.compat.sharding_rules import has_sharding_entry
+
+    return has_sharding_entry(getattr(torch.ops.aten, name).default)
 
 
 def _shards_windowed_dim(value: Any, count: int) -> bool:
