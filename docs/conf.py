@@ -48,6 +48,11 @@ dt_docs_check_files = [
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
 
+# Docstrings are written with Markdown's single backticks for code (`dt_core.activate()`);
+# in reST a single-backtick span takes the default role, which would render it italic
+# (a "title reference"). The code role renders it as code, as the Markdown pages do.
+default_role = "code"
+
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": False}

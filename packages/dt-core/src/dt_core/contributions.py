@@ -82,7 +82,7 @@ class LibraryOps:
     Installed as soon as activation starts (so ops exist before anyone calls them);
     dt-core creates `torch.library.Library(namespace, kind)` and calls `define(lib)`,
     which registers defs/impls/fake kernels on it. `ops` lists the qualified op names
-    (with dispatch key for IMPL, e.g. "symm_mem::fused_all_gather_matmul@CPU") that the
+    (with dispatch key for IMPL, e.g. `symm_mem::fused_all_gather_matmul@CPU`) that the
     plugin claims, for conflict detection and `dt-plugins list`.
     `defined_in` names the torch module whose import defines the namespace's ops when
     torch defines them in Python (e.g. "torch.distributed._symmetric_memory" for

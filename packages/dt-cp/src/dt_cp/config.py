@@ -39,6 +39,11 @@ class Settings:
     torch_cp: "auto" follows the layout torch's own context-parallel APIs chose while
     they are in charge (and refuses when torch's state leaves it unknown); "ignore"
     takes every sequence-sharded DTensor to be in this package's layout.
+    torch_load_balancer: the load balancer handed to torch's `_context_parallel_shard`
+    (torch records only that one was used), so attention follows its permutation
+    exactly; set with `dt_cp.configure` or `dt_cp.settings`, not from the environment.
+    torch_balancer_indices: that balancer's permutation, computed when it is declared;
+    derived, never set directly.
     """
 
     algorithm: Algorithm = "auto"
