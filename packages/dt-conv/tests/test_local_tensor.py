@@ -9,6 +9,7 @@ The property sweep covers what spawned worlds cannot afford (world sizes 3 and 5
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -624,22 +625,17 @@ def test_random_configurations_property(mesh_shape: tuple) -> None:
     dilation, padding, groups, interpolation sizes and modes, pad modes and placements,
     on each mesh of 2-8 simulated ranks: exact and never falling back."""
     from dt_conv.fallback import reset_warnings
-    from hypothesis import HealthCheck, assume, given, settings
+    from dt_core.testing.sweeps import sweep_settings
+    from hypothesis import HealthCheck, assume, given
     from hypothesis import strategies as st
 
     failures: list[str] = []
-    world = 1
-    for n in mesh_shape:
-        world *= n
+    world = math.prod(mesh_shape)
 
     with SimulatedWorld(world, mesh_shape) as sim:
 
-        @settings(
-            max_examples=30,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
+        @sweep_settings(
+            30, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
         )
         @given(st.data())
         def sweep(data: Any) -> None:

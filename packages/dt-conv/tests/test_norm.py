@@ -13,6 +13,7 @@ inputs, the fallback's running statistics).
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -141,21 +142,16 @@ def test_norms_on_simulated_ranks_property(mesh_shape: tuple) -> None:
     empty ones), batch and channel counts and placements (spatial, batch, replicated) on
     2-8 simulated ranks: exact, sharded like the input, never falling back."""
     from dt_conv.fallback import reset_warnings
-    from hypothesis import HealthCheck, assume, given, settings
+    from dt_core.testing.sweeps import sweep_settings
+    from hypothesis import HealthCheck, assume, given
     from hypothesis import strategies as st
 
     failures: list[str] = []
-    world = 1
-    for n in mesh_shape:
-        world *= n
+    world = math.prod(mesh_shape)
     with SimulatedWorld(world, mesh_shape) as sim:
 
-        @settings(
-            max_examples=12,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
+        @sweep_settings(
+            12, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
         )
         @given(st.data())
         def sweep(data: Any) -> None:
