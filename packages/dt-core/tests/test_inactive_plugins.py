@@ -12,7 +12,7 @@ from pathlib import Path
 import dt_core
 import pytest
 import torch
-from dt_core.explain import _mentions, explain
+from dt_core.inactive_notes import _mentions, explain
 from test_activation import CONV, core, plugin  # noqa: F401 - `core` is a fixture
 from test_autoload import BROKEN, lines, make_plugin_dist, run_python
 
@@ -284,3 +284,14 @@ def test_list_is_one_row_per_plugin_by_name_and_verbose_adds_what_each_installs(
         "alpha: op aten.div.Tensor",
         "zeta: op aten.add.Tensor",
     ]
+
+
+def test_dt_core_explain_is_the_function_whatever_was_imported_before() -> None:
+    """A submodule named like the function would replace it on the package once imported."""
+    import dt_core
+    import dt_core.inactive_notes
+    import dt_core.testing.local_ranks  # noqa: F401 - imports the notes' module
+
+    assert callable(dt_core.explain) and dt_core.explain.__name__ == "explain"
+    error = ValueError("no plugin declares this")
+    assert dt_core.explain(error) is error

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
         ShardingStrategy,
     )
     from .errors import DtPluginError, PluginConflictError, Unsupported, UnsupportedTorchError
-    from .explain import explain, explain_errors
     from .hookspecs import HOOK_API_VERSION, hookimpl
+    from .inactive_notes import explain, explain_errors
     from .records import PluginInfo
 
 # public name -> the dt_core module that defines it
@@ -62,7 +62,7 @@ _HOME = {
     **dict.fromkeys(
         ("DtPluginError", "PluginConflictError", "Unsupported", "UnsupportedTorchError"), "errors"
     ),
-    **dict.fromkeys(("explain", "explain_errors"), "explain"),
+    **dict.fromkeys(("explain", "explain_errors"), "inactive_notes"),
     **dict.fromkeys(("HOOK_API_VERSION", "hookimpl"), "hookspecs"),
     "PluginInfo": "records",
 }

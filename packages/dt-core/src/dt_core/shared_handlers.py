@@ -38,8 +38,9 @@ class SharedOp:
                 return torch_dispatch(op_call, args, kwargs)
             return self.otherwise(op_call, args, kwargs)
         except Exception as error:  # a call none takes: name the inactive plugins for it
-            import dt_core  # its lazy attribute: explain reads the activation, which
-            # installs these handlers, so a direct import would close a cycle
+            # dt_core's lazy attribute, not a direct import: the notes read the activation,
+            # which installs these handlers (an import cycle)
+            import dt_core
 
             dt_core.explain(error, op_call)
             raise

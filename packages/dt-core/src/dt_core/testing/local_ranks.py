@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..compat import local_tensor as compat
-from ..explain import explain_errors
+from ..inactive_notes import explain_errors
 
 if TYPE_CHECKING:  # importing dt_core.testing (pytest loads it) must not import torch
     import torch

@@ -351,7 +351,7 @@ def _rank_main(
 
 def _rank_error(exc: BaseException, *, in_task: bool = False) -> RankError:
     if in_task and isinstance(exc, Exception):  # name the inactive plugins for its op
-        from dt_core.explain import explain
+        from dt_core.inactive_notes import explain
 
         explain(exc)
     tb = exc.__traceback__
