@@ -8,7 +8,9 @@ sharded with halos; every other call (Partial, Replicate, batch or channel shard
 to torch, which keeps `Partial` where the op commutes with the sum (a zero pad,
 interpolation) and reduces it where not. Convolution, average pooling and reflect /
 replicate padding stay dt-conv's on every placement: torch alone raises for them or,
-for convolution with a sharded spatial dim, returns wrong values.
+for convolution with a sharded spatial dim, returns wrong values. So do the shared ops
+this torch has no sharding strategy for (max_pool3d's backward up to torch 2.14, the
+antialiased interpolations): handed to torch they would raise.
 """
 
 from __future__ import annotations
