@@ -133,7 +133,7 @@ def backward_takes_for(op: Any) -> Callable[[tuple, dict], bool]:
 def handle_backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
     """The backward on each rank's channels: grad_input laid out as the forward's output,
     grad_weight and grad_bias per channel (each rank's channels)."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Replicate
 
     from .dtensors import as_dtensor
     from .kit.arguments import bind_arguments, op_name
@@ -142,8 +142,7 @@ def handle_backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
     per_channel_args = BACKWARD[op_name(op_call)]
     x: DTensor = values["input"]
     mesh = x.device_mesh
-    placements = [Replicate() if p.is_shard(BATCH) else p for p in x.placements]
-    per_channel = [Shard(0) if p.is_shard(CHANNELS) else Replicate() for p in placements]
+    placements, per_channel = _layouts(x.placements)
     channels = x.shape[CHANNELS]
 
     def mine(key: str, value: Any) -> Any:
@@ -165,6 +164,15 @@ def handle_backward(op_call: Any, args: tuple, kwargs: dict) -> Any:
     )
 
 
+def _layouts(placements: Any) -> tuple[list[Any], list[Any]]:
+    """(the input's placements with the batch gathered, those of a per-channel vector
+    sharded like its channels): the layouts both handlers run on."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    gathered = [Replicate() if p.is_shard(BATCH) else p for p in placements]
+    return gathered, [Shard(0) if p.is_shard(CHANNELS) else Replicate() for p in gathered]
+
+
 def _some_shard_empty(channels: int, pieces: list[int]) -> bool:
     """Whether splitting `channels` as `Shard` does (torch.chunk's ceil-sized chunks), over
     mesh dims of `pieces` ranks in turn, leaves some rank none. Those calls stay torch's:
@@ -181,7 +189,7 @@ def _some_shard_empty(channels: int, pieces: list[int]) -> bool:
 
 def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
     """The op on each rank's channels; running statistics gathered and updated."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Replicate
 
     # imported here: dt-core activates plugins while torch.distributed.tensor (which
     # dtensors imports) is being imported
@@ -194,10 +202,9 @@ def handle(op_call: Any, args: tuple, kwargs: dict) -> Any:
     x: DTensor = values["input"]
     mesh = x.device_mesh
     # the batch gathered, channels left where they are
-    placements = [Replicate() if p.is_shard(BATCH) else p for p in x.placements]
+    placements, per_channel = _layouts(x.placements)
     if placements != list(x.placements):
         x = x.redistribute(mesh, placements)
-    per_channel = [Shard(0) if p.is_shard(CHANNELS) else Replicate() for p in placements]
     channels = x.shape[CHANNELS]
     whole = [Replicate()] * mesh.ndim
 
