@@ -213,6 +213,16 @@ def test_fresh_world_after_death(dist_world):
 
 
 @pytest.mark.ranks(2)
+def test_rank0_collective_alone():
+    if dist.get_rank() == 0:  # issued, never waited for: rank 1 never joins it
+        dist.all_reduce(torch.ones(2), async_op=True)
+
+
+def test_fresh_world_after_out_of_step(dist_world):
+    _check_fresh_working_world(dist_world)
+
+
+@pytest.mark.ranks(2)
 def test_skipped_on_every_rank():
     pytest.skip("not on this backend")
 """
@@ -228,11 +238,12 @@ def test_failures_are_reported_and_bounded(pytester):
     pytester.makepyfile(test_failing=FAILING_TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     output = result.stdout.str()
-    result.assert_outcomes(passed=4, failed=3, skipped=1)
+    result.assert_outcomes(passed=5, failed=4, skipped=1)
     assert result.duration < 60, "a stuck rank must fail within its timeout, not hang"
     assert "During handling" not in output  # the report is not repeated as a chained error
     sections = _report_sections(output)
-    assert set(sections) == {"test_rank1_asserts", "test_rank1_stuck", "test_rank1_dies"}
+    failed = {"test_rank1_asserts", "test_rank1_stuck", "test_rank1_dies"}
+    assert set(sections) == failed | {"test_rank0_collective_alone"}
 
     asserts = sections["test_rank1_asserts"]
     assert "rank 1: AssertionError: rank-local value is 10" in asserts
@@ -243,6 +254,14 @@ def test_failures_are_reported_and_bounded(pytester):
     stuck = sections["test_rank1_stuck"]
     assert "rank 1: stuck, no answer within 5 s" in stuck
     assert "rank 0:" not in stuck
+    # where the stuck rank was: its stack, down to the test body's line
+    assert re.search(r'test_failing\.py", line \d+ in test_rank1_stuck', stuck)
+
+    alone = sections["test_rank0_collective_alone"]
+    assert "the ranks finished out of step" in alone
+    counts = re.search(r"process group '0': rank 0: (\d+), rank 1: (\d+)", alone)
+    assert counts, alone
+    assert int(counts[1]) == int(counts[2]) + 1  # the world's earlier tasks counted on both
 
     assert "rank 1: died with exit code 3" in sections["test_rank1_dies"]
 

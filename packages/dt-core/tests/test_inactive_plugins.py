@@ -108,7 +108,7 @@ def test_a_call_no_sharing_handler_takes_leaves_with_the_note(core, monkeypatch)
 
 
 def test_a_rank_process_reports_the_note_with_its_error(core, monkeypatch) -> None:  # noqa: F811
-    from dt_core.testing.world import _rank_error
+    from dt_core.testing.world_rank import _rank_error
 
     _spatial(core, monkeypatch)
     monkeypatch.setenv("DT_PLUGINS_AUTOLOAD", "0")

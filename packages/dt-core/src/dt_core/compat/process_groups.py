@@ -48,3 +48,23 @@ def is_fake_group(group_or_name: Any = None) -> bool:
         return False
     backends = [group._get_backend(torch.device(kind)) for kind in device_types]
     return all(isinstance(backend, FakeProcessGroup) for backend in backends)
+
+
+def collective_counts() -> dict[str, int]:
+    """How many operations this process has issued on each process group it belongs to,
+    by the group's registered name: after a task that every rank ran to the end, ranks
+    sharing a group must agree, or some collective was issued on some ranks only (and a
+    later one would pair with it: a hang or another call's data). Empty when no group."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        return {}
+    counts = {}
+    for group in list(c10d._world.pg_map):
+        try:
+            counts[group.group_name] = int(group._get_sequence_number_for_group())
+        except (RuntimeError, AttributeError):  # a backend that keeps no count
+            continue
+    return counts

@@ -2,8 +2,10 @@
 
 Spawning a process and importing torch is the main cost of a multi-rank test, so a World
 keeps its ranks alive and runs many test bodies on them in turn. A rank that raises is
-reported with its traceback; a rank that dies or hangs fails the run within a deadline and
-the world is torn down, so the next user gets a fresh one.
+reported with its traceback; a rank that dies or hangs fails the run within a deadline (a
+hung rank's report says where its Python code was), and so do ranks that finish a task out
+of step (operations issued on some ranks only, which the next task would pair with); then
+the world is torn down, so the next user gets a fresh one. The rank side is world_rank.py.
 
 torch is imported lazily: this module is imported by the pytest plugin in every test run.
 """
@@ -16,18 +18,18 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import threading
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from dt_core.testing import pickling
+from dt_core.testing.rank_failure import RankError, RankFailure, out_of_step_report
+from dt_core.testing.world_rank import HOST, rank_main
 
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnProcess
@@ -39,62 +41,13 @@ DEFAULT_TIMEOUT_S = 120.0
 # After one rank fails, its peers are usually blocked in a collective waiting for it: give
 # them this long to answer (or fail too) before calling them stuck.
 ERROR_GRACE_S = 5.0
-_HOST = "127.0.0.1"
+# A stuck rank is asked for its Python stacks (SIGUSR1) and given this long to write them.
+STACK_DUMP_WAIT_S = 1.0
 
 
 def default_timeout() -> float:
     """Per-run deadline in seconds: $DT_TEST_RANK_TIMEOUT, else 120."""
     return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
-
-
-@dataclass(frozen=True)
-class RankError:
-    """An exception raised on a rank, kept as text: the exception may not unpickle here."""
-
-    type_name: str
-    message: str
-    traceback: str
-
-
-class RankFailure(Exception):
-    """Some ranks raised, died or did not answer in time.
-
-    Deliberately not an AssertionError: the cause may be a crash or a hang, not a check.
-    """
-
-    def __init__(
-        self,
-        world_size: int,
-        errors: dict[int, RankError],
-        dead: dict[int, str],
-        stuck: list[int],
-        stuck_reason: str,
-    ) -> None:
-        self.world_size = world_size
-        self.errors = errors
-        self.dead = dead
-        self.stuck = stuck
-        self.stuck_reason = stuck_reason
-        lines = []
-        for rank in sorted(errors):
-            err = errors[rank]
-            # The first line of the message heads the block; the traceback ends with all of it.
-            summary = err.message.strip().partition("\n")[0]
-            lines.append(f"rank {rank}: {err.type_name}" + (f": {summary}" if summary else ""))
-            lines.append(_indent(err.traceback.rstrip()))
-        lines += [f"rank {rank}: {how}" for rank, how in sorted(dead.items())]
-        lines += [f"rank {rank}: stuck, {stuck_reason}" for rank in stuck]
-        failed = len(errors) + len(dead) + len(stuck)
-        lines.append(f"({failed} of {world_size} ranks failed)")
-        super().__init__("\n".join(lines))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        fields = (self.world_size, self.errors, self.dead, self.stuck, self.stuck_reason)
-        return type(self), fields
-
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())
 
 
 class World:
@@ -111,7 +64,9 @@ class World:
 
         self.world_size = world_size
         self._closed = False
-        store = dist.TCPStore(_HOST, 0, is_master=True, wait_for_workers=False)
+        # Where each rank writes its stacks when asked: a stuck rank's report says where it hung.
+        self._stack_dir = tempfile.TemporaryDirectory(prefix="dt-world-")
+        store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False)
         self._store: dist.TCPStore | None = store
         timeout = default_timeout() if startup_timeout is None else startup_timeout
         ctx = mp.get_context("spawn")
@@ -121,10 +76,9 @@ class World:
             for rank in range(world_size):
                 ours, theirs = ctx.Pipe()
                 self._conns.append(ours)
-                args = (rank, world_size, store.port, list(sys.path), theirs, timeout)
-                proc = ctx.Process(
-                    target=_rank_main, args=args, name=f"dt-rank-{rank}", daemon=True
-                )
+                stack_file = self._stack_file(rank)
+                args = (rank, world_size, store.port, list(sys.path), theirs, timeout, stack_file)
+                proc = ctx.Process(target=rank_main, args=args, name=f"dt-rank-{rank}", daemon=True)
                 proc.start()
                 self._procs.append(proc)
                 theirs.close()
@@ -132,6 +86,28 @@ class World:
         except BaseException:
             self.close(grace=0)
             raise
+
+    def _stack_file(self, rank: int) -> str:
+        return os.path.join(self._stack_dir.name, f"rank-{rank}.txt")
+
+    def _stacks_of(self, ranks: list[int]) -> dict[int, str]:
+        """Ask each of `ranks` (alive but not answering) to write its Python stacks; read them."""
+        asked = []
+        for rank in ranks:
+            pid = self._procs[rank].pid
+            if pid is not None and self._procs[rank].is_alive():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGUSR1)
+                    asked.append(rank)
+        if not asked:
+            return {}
+        time.sleep(STACK_DUMP_WAIT_S)
+        stacks = {}
+        for rank in asked:
+            with contextlib.suppress(OSError):
+                text = open(self._stack_file(rank), encoding="utf-8", errors="replace").read()
+                stacks[rank] = text.strip()
+        return stacks
 
     @property
     def pids(self) -> list[int]:
@@ -174,6 +150,7 @@ class World:
     def _collect(self, timeout: float, doing: str) -> list[Any]:
         """Wait for one reply per rank, or its death, or the deadline; raise if any failed."""
         results: list[Any] = [None] * self.world_size
+        counts: dict[int, dict[str, int]] = {}
         errors: dict[int, RankError] = {}
         dead: dict[int, str] = {}
         pending = set(range(self.world_size))
@@ -192,7 +169,7 @@ class World:
                 if reply is None:
                     dead[rank] = self._death(rank)
                     continue
-                status, value, intact = reply
+                status, value, intact, counts[rank] = reply
                 group_intact = group_intact and intact
                 if status == "ok":
                     results[rank] = value
@@ -202,13 +179,18 @@ class World:
                 deadline = time.monotonic() + ERROR_GRACE_S
                 stuck_reason = f"no answer within {ERROR_GRACE_S:g} s after another rank failed"
         stuck = sorted(pending)
-        if stuck or dead or not group_intact or not all(p.is_alive() for p in self._procs):
+        stacks = self._stacks_of(stuck) if stuck else {}
+        out_of_step = "" if stuck or dead else out_of_step_report(counts)
+        broken = stuck or dead or out_of_step or not group_intact
+        if broken or not all(p.is_alive() for p in self._procs):
             self.close(grace=0)
-        if errors or dead or stuck:
-            raise RankFailure(self.world_size, errors, dead, stuck, stuck_reason)
+        if errors or dead or stuck or out_of_step:
+            raise RankFailure(
+                self.world_size, errors, dead, stuck, stuck_reason, out_of_step, stacks
+            )
         return results
 
-    def _receive(self, rank: int) -> tuple[str, Any, bool] | None:
+    def _receive(self, rank: int) -> tuple[str, Any, bool, dict[str, int]] | None:
         """Read a rank's reply; None if it died without one."""
         conn = self._conns[rank]
         try:
@@ -225,7 +207,7 @@ class World:
                 f"reply could not be unpickled: {exc}",
                 traceback.format_exc(),
             )
-            return "error", error, True
+            return "error", error, True, {}
 
     def _death(self, rank: int) -> str:
         proc = self._procs[rank]
@@ -256,6 +238,8 @@ class World:
                 proc.kill()
                 proc.join()
         self._store = None
+        with contextlib.suppress(OSError):
+            self._stack_dir.cleanup()
 
     def __enter__(self) -> Self:
         return self
@@ -303,99 +287,3 @@ def run_on_ranks(
 ) -> list[Any]:
     """Run `fn(*args, **kwargs)` on every rank of the shared world of `world_size`."""
     return get_world(world_size).run(fn, *args, timeout=timeout, **kwargs)
-
-
-# --- the rank side ------------------------------------------------------------------------
-
-
-def _rank_main(
-    rank: int,
-    world_size: int,
-    port: int,
-    sys_path: list[str],
-    conn: Connection,
-    startup_timeout: float,
-) -> None:
-    """Entry point of a rank process: join the group, then run tasks until the pipe closes."""
-    sys.path[:] = sys_path  # so test modules and helpers import as in the parent
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _exit_with_parent()
-    try:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)  # N ranks share few cores
-        store = dist.TCPStore(
-            _HOST, port, is_master=False, timeout=timedelta(seconds=startup_timeout)
-        )
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
-    except BaseException as exc:  # noqa: BLE001 - report why this rank could not start
-        _reply(conn, "error", _rank_error(exc), False)
-        _exit(1)
-    _reply(conn, "ok", None, True)
-    while True:
-        try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):  # parent closed the world or is gone
-            _exit(0)
-        try:
-            sys_path, fn, args, kwargs = cloudpickle.loads(data)
-            sys.path[:] = sys_path
-            status, value = "ok", fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - pytest.fail/skip raise BaseException too
-            status, value = "error", _rank_error(exc, in_task=True)
-        _flush()  # the test's prints belong in this test's captured output, not a later one's
-        # A task that destroyed the default group leaves a rank later tasks can't use.
-        _reply(conn, status, value, dist.is_initialized())
-
-
-def _rank_error(exc: BaseException, *, in_task: bool = False) -> RankError:
-    if in_task and isinstance(exc, Exception):  # name the inactive plugins for its op
-        from dt_core.inactive_notes import explain
-
-        explain(exc)
-    tb = exc.__traceback__
-    if in_task and tb is not None:
-        tb = tb.tb_next  # drop the harness's own frame: the report starts at the test body
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
-    return RankError(type(exc).__name__, str(exc), text)
-
-
-def _reply(conn: Connection, status: str, value: Any, group_intact: bool) -> None:
-    try:
-        data = pickling.dumps((status, value, group_intact))
-    except Exception as exc:  # noqa: BLE001 - an unpicklable result fails the run, not the rank
-        error = RankError(
-            type(exc).__name__,
-            f"result could not be pickled: {exc}",
-            traceback.format_exc(),
-        )
-        data = pickling.dumps(("error", error, group_intact))
-    try:
-        conn.send_bytes(data)
-    except OSError:
-        _exit(1)
-
-
-def _exit_with_parent() -> None:
-    """Exit when the parent dies: a rank blocked in a collective never sees EOF on its pipe."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        _exit(1)
-
-    threading.Thread(target=watch, name="dt-orphan-watch", daemon=True).start()
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-
-
-def _exit(code: int) -> None:
-    """Exit now: interpreter teardown can block on the process group's peers."""
-    _flush()
-    os._exit(code)

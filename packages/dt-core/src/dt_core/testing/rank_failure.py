@@ -1,0 +1,85 @@
+"""What a multi-rank run reports when ranks raise, die, hang or finish out of step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RankError:
+    """An exception raised on a rank, kept as text: the exception may not unpickle here."""
+
+    type_name: str
+    message: str
+    traceback: str
+
+
+class RankFailure(Exception):
+    """Some ranks raised, died or did not answer in time, or they finished out of step.
+
+    Deliberately not an AssertionError: the cause may be a crash or a hang, not a check.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        errors: dict[int, RankError],
+        dead: dict[int, str],
+        stuck: list[int],
+        stuck_reason: str,
+        out_of_step: str = "",
+        stacks: dict[int, str] | None = None,
+    ) -> None:
+        self.world_size = world_size
+        self.errors = errors
+        self.dead = dead
+        self.stuck = stuck
+        self.stuck_reason = stuck_reason
+        self.out_of_step = out_of_step
+        self.stacks = stacks or {}
+        lines = []
+        for rank in sorted(errors):
+            err = errors[rank]
+            # The first line of the message heads the block; the traceback ends with all of it.
+            summary = err.message.strip().partition("\n")[0]
+            lines.append(f"rank {rank}: {err.type_name}" + (f": {summary}" if summary else ""))
+            lines.append(_indent(err.traceback.rstrip()))
+        lines += [f"rank {rank}: {how}" for rank, how in sorted(dead.items())]
+        for rank in stuck:
+            lines.append(f"rank {rank}: stuck, {stuck_reason}")
+            if self.stacks.get(rank):
+                lines.append(_indent(f"where it was (its Python threads):\n{self.stacks[rank]}"))
+        failed = len(errors) + len(dead) + len(stuck)
+        if failed:
+            lines.append(f"({failed} of {world_size} ranks failed)")
+        if out_of_step:
+            lines.append(out_of_step)
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = (self.world_size, self.errors, self.dead, self.stuck, self.stuck_reason)
+        return type(self), (*fields, self.out_of_step, self.stacks)
+
+
+def out_of_step_report(counts: dict[int, dict[str, int]]) -> str:
+    """What ranks disagree on how many operations they issued on a group they share: ranks
+    that issued a collective their peers did not (say one raised before it, the others
+    after) leave it pending, and the world's next task would pair with it. Empty if none."""
+    by_group: dict[str, dict[int, int]] = {}
+    for rank, groups in counts.items():
+        for name, count in groups.items():
+            by_group.setdefault(name, {})[rank] = count
+    lines = []
+    for name, per_rank in sorted(by_group.items()):
+        if len(set(per_rank.values())) > 1:
+            issued = ", ".join(f"rank {rank}: {n}" for rank, n in sorted(per_rank.items()))
+            lines.append(f"  process group {name!r}: {issued}")
+    if not lines:
+        return ""
+    head = "the ranks finished out of step, with operations issued on some ranks only:"
+    return "\n".join([head, *lines, "(the world is replaced: its next task would pair with them)"])
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())

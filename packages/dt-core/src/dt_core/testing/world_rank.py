@@ -1,0 +1,130 @@
+"""The rank side of a World: join the gloo group, then run the parent's tasks until its
+pipe closes, replying with each result or error, and the operations issued per group."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+from dt_core.testing import pickling
+from dt_core.testing.rank_failure import RankError
+
+HOST = "127.0.0.1"
+
+
+def rank_main(
+    rank: int,
+    world_size: int,
+    port: int,
+    sys_path: list[str],
+    conn: Connection,
+    startup_timeout: float,
+    stack_file: str,
+) -> None:
+    """Entry point of a rank process: join the group, then run tasks until the pipe closes."""
+    sys.path[:] = sys_path  # so test modules and helpers import as in the parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # The parent asks a stuck rank where it is (SIGUSR1); the file stays open for the process.
+    faulthandler.register(signal.SIGUSR1, file=open(stack_file, "w"), all_threads=True)  # noqa: SIM115
+    _exit_with_parent()
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # N ranks share few cores
+        store = dist.TCPStore(
+            HOST, port, is_master=False, timeout=timedelta(seconds=startup_timeout)
+        )
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    except BaseException as exc:  # noqa: BLE001 - report why this rank could not start
+        _reply(conn, "error", _rank_error(exc), False)
+        _exit(1)
+    _reply(conn, "ok", None, True)
+    from dt_core.compat.process_groups import collective_counts
+
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):  # parent closed the world or is gone
+            _exit(0)
+        try:
+            sys_path, fn, args, kwargs = cloudpickle.loads(data)
+            sys.path[:] = sys_path
+            status, value = "ok", fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - pytest.fail/skip raise BaseException too
+            status, value = "error", _rank_error(exc, in_task=True)
+        _flush()  # the test's prints belong in this test's captured output, not a later one's
+        # A task that destroyed the default group leaves a rank later tasks can't use.
+        _reply(conn, status, value, dist.is_initialized(), collective_counts())
+
+
+def _rank_error(exc: BaseException, *, in_task: bool = False) -> RankError:
+    if in_task and isinstance(exc, Exception):  # name the inactive plugins for its op
+        from dt_core.inactive_notes import explain
+
+        explain(exc)
+    tb = exc.__traceback__
+    if in_task and tb is not None:
+        tb = tb.tb_next  # drop the harness's own frame: the report starts at the test body
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    return RankError(type(exc).__name__, str(exc), text)
+
+
+def _reply(
+    conn: Connection,
+    status: str,
+    value: Any,
+    group_intact: bool,
+    counts: dict[str, int] | None = None,
+) -> None:
+    """Send a task's outcome, whether the default group survived it, and the number of
+    operations issued on each group (checked across ranks by the parent)."""
+    counts = counts or {}
+    try:
+        data = pickling.dumps((status, value, group_intact, counts))
+    except Exception as exc:  # noqa: BLE001 - an unpicklable result fails the run, not the rank
+        error = RankError(
+            type(exc).__name__,
+            f"result could not be pickled: {exc}",
+            traceback.format_exc(),
+        )
+        data = pickling.dumps(("error", error, group_intact, counts))
+    try:
+        conn.send_bytes(data)
+    except OSError:
+        _exit(1)
+
+
+def _exit_with_parent() -> None:
+    """Exit when the parent dies: a rank blocked in a collective never sees EOF on its pipe."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        _exit(1)
+
+    threading.Thread(target=watch, name="dt-orphan-watch", daemon=True).start()
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def _exit(code: int) -> None:
+    """Exit now: interpreter teardown can block on the process group's peers."""
+    _flush()
+    os._exit(code)
