@@ -43,6 +43,8 @@ def test_a_cell_is_named_by_its_test_paths(tools) -> None:
     assert run_cell.cell_name(["packages/dt-core/tests/test_autoload.py"]) == "dt-core"
     assert run_cell.cell_name(["tests"]) == "cross"
     assert run_cell.cell_name(["tests/models"]) == "models"
+    every = ["packages/dt-core/tests", "packages/dt-conv/tests", "tests"]
+    assert run_cell.cell_name(every) == "together"
 
 
 def _junit(path: Path, outcomes: list[str]) -> None:

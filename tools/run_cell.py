@@ -18,7 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent.parent / "build" / "test-results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "build" / "test-results"
 
 FORGE_ONLY = ("compile_heavy",)
 NEWEST_ONLY = ("ci_once",)
@@ -40,15 +41,22 @@ def selection(scope: str, newest: bool) -> list[str]:
 
 def cell_name(paths: list[str]) -> str:
     """The matrix cell a run's test paths belong to: the package of packages/<name>/...,
-    or "cross" for tests/."""
-    for path in paths:
-        parts = Path(path).parts
-        if len(parts) >= 2 and parts[0] == "packages":
-            return parts[1]
-        if parts[:2] == ("tests", "models"):
-            return "models"
-        if parts and parts[0] == "tests":
-            return "cross"
+    "cross" for tests/, "models" for tests/models; "together" for paths of several cells
+    (every package's tests in one run, `hatch run test.<torch>-cross:together`)."""
+    cells = list(dict.fromkeys(_cell_of(path) for path in paths))
+    if len(cells) > 1:
+        return "together"
+    return cells[0] if cells else "other"
+
+
+def _cell_of(path: str) -> str:
+    parts = Path(path).parts
+    if len(parts) >= 2 and parts[0] == "packages":
+        return parts[1]
+    if parts[:2] == ("tests", "models"):
+        return "models"
+    if parts and parts[0] == "tests":
+        return "cross"
     return "other"
 
 
@@ -76,7 +84,10 @@ def main(argv: list[str]) -> int:
     xml.with_suffix(".json").write_text(json.dumps(scope_note) + "\n")
     # xunit1 keeps the properties tests record (`torch_limit`: tools/support_table.py)
     junit = ["-o", "junit_family=xunit1", f"--junitxml={xml}"]
-    command = [sys.executable, "-m", "pytest", "-n", "2", *junit, *argv, *narrowed]
+    # Paths of several packages share the repository's root as pytest's rootdir (else the
+    # first package's folder is, and the others' test ids read as if they lay in it).
+    rootdir = ["--rootdir", str(ROOT)] if cell_name(paths) == "together" else []
+    command = [sys.executable, "-m", "pytest", "-n", "2", *junit, *rootdir, *argv, *narrowed]
     return subprocess.run(command).returncode
 
 
