@@ -16,7 +16,7 @@ class RankError:
 
 
 class RankFailure(Exception):
-    """Some ranks raised, died or did not answer in time, or they finished out of step.
+    """Some ranks raised, died or did not answer in time.
 
     Deliberately not an AssertionError: the cause may be a crash or a hang, not a check.
     """
@@ -28,7 +28,6 @@ class RankFailure(Exception):
         dead: dict[int, str],
         stuck: list[int],
         stuck_reason: str,
-        out_of_step: str = "",
         stacks: dict[int, str] | None = None,
     ) -> None:
         self.world_size = world_size
@@ -36,7 +35,6 @@ class RankFailure(Exception):
         self.dead = dead
         self.stuck = stuck
         self.stuck_reason = stuck_reason
-        self.out_of_step = out_of_step
         self.stacks = stacks or {}
         lines = []
         for rank in sorted(errors):
@@ -51,21 +49,27 @@ class RankFailure(Exception):
             if self.stacks.get(rank):
                 lines.append(_indent(f"where it was (its Python threads):\n{self.stacks[rank]}"))
         failed = len(errors) + len(dead) + len(stuck)
-        if failed:
-            lines.append(f"({failed} of {world_size} ranks failed)")
-        if out_of_step:
-            lines.append(out_of_step)
+        lines.append(f"({failed} of {world_size} ranks failed)")
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[Any, ...]:
         fields = (self.world_size, self.errors, self.dead, self.stuck, self.stuck_reason)
-        return type(self), (*fields, self.out_of_step, self.stacks)
+        return type(self), (*fields, self.stacks)
+
+
+class WorldReplacedWarning(UserWarning):
+    """A task's ranks finished with different operation counts on a group they share, so
+    the harness replaced the world before the next task."""
 
 
 def out_of_step_report(counts: dict[int, dict[str, int]]) -> str:
-    """What ranks disagree on how many operations they issued on a group they share: ranks
-    that issued a collective their peers did not (say one raised before it, the others
-    after) leave it pending, and the world's next task would pair with it. Empty if none."""
+    """Which groups the ranks issued different numbers of operations on (empty if none).
+
+    A collective issued on some ranks only (say one raised before it, the others after
+    issuing it) stays pending, and the world's next task would pair with it: a hang or
+    another call's data. Point-to-point operations count too, and a matched pattern may
+    issue different numbers per rank (a ring that skips empty blocks), so a difference is
+    a reason to replace the world, not proof of a fault."""
     by_group: dict[str, dict[int, int]] = {}
     for rank, groups in counts.items():
         for name, count in groups.items():
@@ -77,8 +81,13 @@ def out_of_step_report(counts: dict[int, dict[str, int]]) -> str:
             lines.append(f"  process group {name!r}: {issued}")
     if not lines:
         return ""
-    head = "the ranks finished out of step, with operations issued on some ranks only:"
-    return "\n".join([head, *lines, "(the world is replaced: its next task would pair with them)"])
+    head = "the ranks issued different numbers of operations (collectives and sends):"
+    tail = (
+        "the world is replaced, so no operation left pending pairs with the next task's "
+        "(expected after uneven point-to-point patterns; a collective issued on some "
+        "ranks only would hang that task)"
+    )
+    return "\n".join([head, *lines, tail])
 
 
 def _indent(text: str) -> str:

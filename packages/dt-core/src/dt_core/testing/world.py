@@ -3,9 +3,10 @@
 Spawning a process and importing torch is the main cost of a multi-rank test, so a World
 keeps its ranks alive and runs many test bodies on them in turn. A rank that raises is
 reported with its traceback; a rank that dies or hangs fails the run within a deadline (a
-hung rank's report says where its Python code was), and so do ranks that finish a task out
-of step (operations issued on some ranks only, which the next task would pair with); then
-the world is torn down, so the next user gets a fresh one. The rank side is world_rank.py.
+hung rank's report says where its Python code was), and the world is torn down, so the
+next user gets a fresh one. Ranks that finish a task with different operation counts on a
+group (a collective issued on some ranks only would pair with the next task's) get a
+fresh world too, with a `WorldReplacedWarning`. The rank side is world_rank.py.
 
 torch is imported lazily: this module is imported by the pytest plugin in every test run.
 """
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
@@ -28,7 +30,12 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from dt_core.testing import pickling
-from dt_core.testing.rank_failure import RankError, RankFailure, out_of_step_report
+from dt_core.testing.rank_failure import (
+    RankError,
+    RankFailure,
+    WorldReplacedWarning,
+    out_of_step_report,
+)
 from dt_core.testing.world_rank import HOST, rank_main
 
 if TYPE_CHECKING:
@@ -184,10 +191,10 @@ class World:
         broken = stuck or dead or out_of_step or not group_intact
         if broken or not all(p.is_alive() for p in self._procs):
             self.close(grace=0)
-        if errors or dead or stuck or out_of_step:
-            raise RankFailure(
-                self.world_size, errors, dead, stuck, stuck_reason, out_of_step, stacks
-            )
+        if errors or dead or stuck:
+            raise RankFailure(self.world_size, errors, dead, stuck, stuck_reason, stacks)
+        if out_of_step:
+            warnings.warn(out_of_step, WorldReplacedWarning, stacklevel=3)
         return results
 
     def _receive(self, rank: int) -> tuple[str, Any, bool, dict[str, int]] | None:
