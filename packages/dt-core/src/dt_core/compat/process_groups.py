@@ -52,19 +52,22 @@ def is_fake_group(group_or_name: Any = None) -> bool:
 
 def collective_counts() -> dict[str, int]:
     """How many operations this process has issued on each process group it belongs to,
-    by the group's registered name: after a task that every rank ran to the end, ranks
-    sharing a group must agree, or some collective was issued on some ranks only (and a
-    later one would pair with it: a hang or another call's data). Empty when no group."""
+    by the group's registered name (collectives and point-to-point sends alike). After a
+    task every rank ran to the end, ranks that share a group and differ either ran an
+    uneven point-to-point pattern or issued a collective on some ranks only, which a later
+    one would pair with (a hang, or another call's data). Empty when no group."""
     ensure_supported_torch(CHECKED_WITH_TORCH)
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     if not dist.is_initialized():
         return {}
-    counts = {}
+    counts: dict[str, int] = {}
     for group in list(c10d._world.pg_map):
         try:
-            counts[group.group_name] = int(group._get_sequence_number_for_group())
+            # the group's operation counter (collectives and point-to-point alike)
+            count = group._get_sequence_number_for_group()  # type: ignore[attr-defined]
+            counts[str(group.group_name)] = int(count)
         except (RuntimeError, AttributeError):  # a backend that keeps no count
             continue
     return counts
