@@ -135,3 +135,41 @@ def test_layouts_in_the_same_order_agree() -> None:
     assert same_order(SequenceLayout(16, 2, "document", (16,)), SequenceLayout(16, 2, "head_tail"))
     assert not same_order(SequenceLayout(16, 2, "head_tail"), SequenceLayout(16, 2))
     assert not same_order(SequenceLayout(16, 2), SequenceLayout(17, 2))
+
+
+@pytest.mark.ranks(2, timeout=600)
+def test_a_compiled_attention_checks_its_traced_layout_at_every_call() -> None:
+    """torch.compile does not see dt-cp's settings: a graph traced under "head_tail" ran
+    unchanged on sequences laid out by document or not at all (wrong by about 1). The
+    traced gather carries its layout and refuses a call under other settings."""
+    import dt_cp
+    import torch._dynamo
+    import torch.nn.functional as F
+
+    torch._dynamo.reset()
+    mesh = cpu_mesh(2)
+    q, k, v = _qkv(seed=2)
+    want = _causal(q, k, v)
+
+    def attend(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(a, b, c, is_causal=True)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    dt_cp.forget_layouts()
+    with dt_cp.settings(load_balancer="head_tail"):
+        traced = [dt_cp.shard_sequence(t, mesh, 2) for t in (q, k, v)]
+        got = dt_cp.unshard_sequence(compiled(*traced), 2)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    for balancer, docs in (("document", [20, 44]), ("none", None)):
+        dt_cp.forget_layouts()
+        with dt_cp.settings(load_balancer=balancer, documents=docs):
+            other = [dt_cp.shard_sequence(t, mesh, 2) for t in (q, k, v)]
+            with pytest.raises(dt_cp.LayoutMismatchError, match="traced with load_balancer"):
+                compiled(*other)
+    # traced again for the new layout: exact
+    torch._dynamo.reset()
+    dt_cp.forget_layouts()
+    with dt_cp.settings(load_balancer="document", documents=[20, 44]):
+        by_doc = [dt_cp.shard_sequence(t, mesh, 2) for t in (q, k, v)]
+        got = dt_cp.unshard_sequence(compiled(*by_doc), 2)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)

@@ -6,8 +6,9 @@ sharding strategies build fresh `Shard` placements for every op's output, so a m
 placement or an attribute is gone after the first projection. Causal attention needs the
 order, and reads it from the settings in force. So `shard_sequence` records the layout it
 chose under the key attention can see again on any tensor derived from the sharded one:
-(mesh, mesh dim, sequence length). Attention and `unshard_sequence` compare the layout
-they are about to use with the record and raise `LayoutMismatchError` naming both:
+the process group of the mesh dim that shards the sequence, and the sequence length.
+Attention and `unshard_sequence` compare the layout they are about to use with the
+record and raise `LayoutMismatchError` naming both:
 
 - a recorded layout that differs from the one in force (sharded "head_tail", attended
   without balancing; sharded "document", attended "head_tail"; other document lengths);
@@ -23,15 +24,16 @@ state, which dt-cp checks separately), and a mismatch is an error, never a guess
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
-from typing import Any
 
+from .config import LOAD_BALANCERS, current
 from .layout import Range, SequenceLayout
 
-# Distinct (mesh, mesh dim, length) keys kept; the oldest is dropped past this.
+# Distinct (group, length) keys kept; the oldest is dropped past this.
 MAX_RECORDS = 256
 
-_records: OrderedDict[tuple[Any, int, int], SequenceLayout] = OrderedDict()
+_records: OrderedDict[tuple[str, int], SequenceLayout] = OrderedDict()
 
 
 class LayoutMismatchError(ValueError):
@@ -39,19 +41,19 @@ class LayoutMismatchError(ValueError):
     `shard_sequence` laid the tensor out with: the result would be silently wrong."""
 
 
-def record(mesh: Any, mesh_dim: int, layout: SequenceLayout) -> None:
-    """Remember that `shard_sequence` laid a sequence of `layout.length` out on
-    `mesh`'s dim `mesh_dim` in `layout`."""
-    key = (mesh, mesh_dim, layout.length)
+def record(group: str, layout: SequenceLayout) -> None:
+    """Remember that `shard_sequence` laid a sequence of `layout.length` out over the
+    process group named `group` in `layout`."""
+    key = (group, layout.length)
     _records.pop(key, None)
     _records[key] = layout
     while len(_records) > MAX_RECORDS:
         _records.popitem(last=False)
 
 
-def recorded(mesh: Any, mesh_dim: int, length: int) -> SequenceLayout | None:
+def recorded(group: str, length: int) -> SequenceLayout | None:
     """The newest layout `shard_sequence` recorded for this key, or None."""
-    return _records.get((mesh, mesh_dim, length))
+    return _records.get((group, length))
 
 
 def forget_layouts() -> None:
@@ -61,11 +63,11 @@ def forget_layouts() -> None:
     _records.clear()
 
 
-def check(mesh: Any, mesh_dim: int, layout: SequenceLayout, what: str) -> None:
+def check(group: str, layout: SequenceLayout, what: str) -> None:
     """Raise `LayoutMismatchError` if `layout`, which `what` is about to use for a
-    sequence sharded on `mesh`'s dim `mesh_dim`, is not what `shard_sequence` recorded,
-    or is balanced where nothing was recorded."""
-    seen = recorded(mesh, mesh_dim, layout.length)
+    sequence sharded over the process group `group`, is not what `shard_sequence`
+    recorded, or is balanced where nothing was recorded."""
+    seen = recorded(group, layout.length)
     if seen is None:
         if _is_natural(layout):
             return
@@ -120,3 +122,57 @@ def _merged(ranges: list[Range]) -> list[Range]:
         else:
             out.append((start, length))
     return out
+
+
+# --- compiled graphs: the layout a graph was traced with, checked at every call ----------
+#
+# torch.compile does not see dt-cp's settings: a graph traced under one layout would run
+# unchanged on tensors laid out another way. So the traced all-gather
+# (`dt_cp::all_gather_seq`) carries the layout it was traced with, and its kernel checks
+# it against the settings and the record each time the graph runs.
+
+
+def encode(layout: SequenceLayout) -> str:
+    """`layout` as the string a traced graph carries; empty for layouts chosen outside
+    dt-cp's settings (torch's context-parallel state), which are not checked here."""
+    if layout.balancer not in LOAD_BALANCERS:
+        return ""
+    docs = ",".join(str(n) for n in layout.documents or ())
+    return f"{layout.balancer};{layout.length};{layout.parts};{docs}"
+
+
+@functools.lru_cache(maxsize=64)
+def decode(encoded: str) -> SequenceLayout:
+    balancer, length, parts, docs = encoded.split(";")
+    documents = tuple(int(n) for n in docs.split(",")) if docs else None
+    return SequenceLayout(int(length), int(parts), balancer, documents)
+
+
+def check_traced(group: str, encoded: str) -> None:
+    """Raise `LayoutMismatchError` if a compiled attention traced with `encoded`'s layout
+    runs where the settings or the record say the sequence is laid out otherwise."""
+    if not encoded:
+        return
+    traced = decode(encoded)
+    settings = current()
+    if not _settings_agree(encoded, settings.load_balancer, settings.documents):
+        raise LayoutMismatchError(
+            f"dt-cp: this compiled attention was traced with {describe(traced)}, but runs "
+            f"under load_balancer={settings.load_balancer!r}"
+            + (f" (documents={list(settings.documents)})" if settings.documents else "")
+            + ". torch.compile does not see dt-cp's settings, so the graph would read the "
+            "sequence in the traced order: compile the function again for this layout "
+            "(torch._dynamo.reset(), or one compiled function per layout)."
+        )
+    check(group, traced, "this compiled attention")
+
+
+@functools.lru_cache(maxsize=256)
+def _settings_agree(encoded: str, balancer: str, documents: tuple[int, ...] | None) -> bool:
+    traced = decode(encoded)
+    if balancer == "document" and (documents is None or sum(documents) != traced.length):
+        return False
+    now = SequenceLayout(
+        traced.length, traced.parts, balancer, documents if balancer == "document" else None
+    )
+    return same_order(traced, now)
