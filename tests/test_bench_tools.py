@@ -14,22 +14,17 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from tool_scripts import import_tools
 
 # what this module checks does not differ between torch releases (.ci/run: newest only)
 pytestmark = pytest.mark.ci_once
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
 OLD, NEW = "2.13.0+cpu", "2.14.1+cu130"
 
 
 @pytest.fixture
 def tools(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
-    monkeypatch.syspath_prepend(str(TOOLS))
-    for name in ("bench_compare", "bench_report"):
-        sys.modules.pop(name, None)
-    import bench_compare
-    import bench_report
-
+    bench_compare, bench_report = import_tools(monkeypatch, "bench_compare", "bench_report")
     return bench_compare, bench_report
 
 

@@ -6,26 +6,19 @@ The JUnit inputs are hand-made; the expected cells are counted by hand from them
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tool_scripts import import_tools
 
 # what this module checks does not differ between torch releases (.ci/run: newest only)
 pytestmark = pytest.mark.ci_once
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
-
 
 @pytest.fixture
 def tools(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
-    monkeypatch.syspath_prepend(str(TOOLS))
-    for name in ("run_cell", "support_table"):
-        sys.modules.pop(name, None)
-    import run_cell
-    import support_table
-
+    run_cell, support_table = import_tools(monkeypatch, "run_cell", "support_table")
     return run_cell, support_table
 
 

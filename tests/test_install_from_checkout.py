@@ -7,14 +7,13 @@ environment and their plugins be active."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
-import venv
 from pathlib import Path
 
 import pytest
+from fresh_venv import fresh_venv, in_shell
 
 # what this checks does not differ between torch releases: the environment is its own
 pytestmark = pytest.mark.ci_once
@@ -56,25 +55,10 @@ def test_the_readme_install_from_checkout_works_in_a_fresh_environment(tmp_path:
     commands = readme_block()
     names = named_packages(commands)
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
+    env = fresh_venv(env_dir)
     bin_dir = env_dir / "bin"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.update(
-        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-        VIRTUAL_ENV=str(env_dir),
-        PIP_CONSTRAINT=str(ROOT / "tools" / "constraints.txt"),
-        PIP_NO_INPUT="1",
-        PIP_DISABLE_PIP_VERSION_CHECK="1",
-    )
     for command in commands:  # what a user types, through the shell
-        done = subprocess.run(
-            ["bash", "-c", command],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=INSTALL_TIMEOUT,
-        )
+        done = in_shell(command, ROOT, env, INSTALL_TIMEOUT)
         assert done.returncode == 0, f"$ {command}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
 
     def run(*args: str) -> str:

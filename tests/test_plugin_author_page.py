@@ -22,15 +22,14 @@ else but its README, so the example and the page cannot drift apart.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
-import venv
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fresh_venv import fresh_venv, in_shell
 
 # what this checks does not differ between torch releases: the environment is its own
 pytestmark = pytest.mark.ci_once
@@ -133,20 +132,6 @@ def test_the_page_shows_the_example_files_as_they_are() -> None:
         assert shown[name] == text, f"docs/plugin-authors.md shows {name} unlike {EXAMPLE / name}"
 
 
-def _environment(env_dir: Path) -> dict[str, str]:
-    """A shell with the fresh environment activated, nothing of this test run leaking in."""
-    drop = ("PYTHON", "VIRTUAL_ENV", "DT_", "PYTEST", "TORCH_", "TORCHINDUCTOR_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update(
-        PATH=f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}",
-        VIRTUAL_ENV=str(env_dir),
-        PIP_CONSTRAINT=str(ROOT / "tools" / "constraints.txt"),
-        PIP_NO_INPUT="1",
-        PIP_DISABLE_PIP_VERSION_CHECK="1",
-    )
-    return env
-
-
 def _lines(text: str) -> list[str]:
     lines = [line.rstrip() for line in text.splitlines()]
     while lines and not lines[-1]:
@@ -163,9 +148,7 @@ def _as_compared(text: str) -> list[str]:
 
 def test_following_the_page_in_a_fresh_environment(tmp_path: Path) -> None:
     started = time.monotonic()
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    env = _environment(env_dir)
+    env = fresh_venv(tmp_path / "venv")
     work = tmp_path / "work"
     work.mkdir()
     (work / "dt-plugins").symlink_to(ROOT)  # the checkout the page installs dt-core from
@@ -182,14 +165,7 @@ def test_following_the_page_in_a_fresh_environment(tmp_path: Path) -> None:
         elif block.kind == "run":
             script = f"trap 'pwd > {cwd_file}' EXIT\nset -e\n{block.body}"
             start = time.monotonic()
-            last = subprocess.run(
-                ["bash", "-c", script],
-                cwd=cwd,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=COMMAND_TIMEOUT,
-            )
+            last = in_shell(script, cwd, env, COMMAND_TIMEOUT)
             took.append((block.line, time.monotonic() - start))
             expected = 1 if block.marker == "run, exits 1" else 0
             assert last.returncode == expected, (

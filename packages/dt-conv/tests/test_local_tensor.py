@@ -161,6 +161,33 @@ def run_cases(cases: list[tuple]) -> None:
     assert not failures, f"{len(failures)}/{len(cases)} cases wrong:\n" + "\n".join(failures)
 
 
+def sweep_simulated(
+    mesh_shape: Sequence[int], budget: int, case: Callable[[SimulatedWorld, Any], str | None]
+) -> None:
+    """A hypothesis sweep of `budget` cases (derandomized: the same every run) on simulated
+    ranks of `mesh_shape`, kept open for all of them. `case(sim, data)` draws one case,
+    runs it and describes what it got wrong (None: right); every case runs before the
+    test fails, listing the first 20 wrong."""
+    from dt_core.testing.sweeps import sweep_settings
+    from hypothesis import HealthCheck, given
+    from hypothesis import strategies as st
+
+    failures: list[str] = []
+    with SimulatedWorld(math.prod(mesh_shape), mesh_shape) as sim:
+
+        @sweep_settings(
+            budget, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+        )
+        @given(st.data())
+        def sweep(data: Any) -> None:
+            failure = case(sim, data)
+            if failure is not None:
+                failures.append(failure)
+
+        sweep()
+    assert not failures, f"{len(failures)} cases wrong:\n" + "\n".join(failures[:20])
+
+
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=gen, dtype=torch.float64)
@@ -625,40 +652,27 @@ def test_random_configurations_property(mesh_shape: tuple) -> None:
     dilation, padding, groups, interpolation sizes and modes, pad modes and placements,
     on each mesh of 2-8 simulated ranks: exact and never falling back."""
     from dt_conv.fallback import reset_warnings
-    from dt_core.testing.sweeps import sweep_settings
-    from hypothesis import HealthCheck, assume, given
-    from hypothesis import strategies as st
+    from hypothesis import assume
 
-    failures: list[str] = []
-    world = math.prod(mesh_shape)
+    def case(sim: SimulatedWorld, data: Any) -> str | None:
+        with sim.mode.disable():  # plain tensors: factories under the mode go per rank
+            x, params, fn, name, n = _draw_case(data)
+            try:
+                fn(x, *params)
+            except RuntimeError:  # torch rejects it unsharded: nothing to compare with
+                assume(False)
+        placements = _placements(data, mesh_shape, list(range(2, 2 + n)))
+        layouts, keep = None, True
+        if name.startswith("conv_channels"):
+            placements, layouts = _channel_layout(data, placements, params, name, mesh_shape)
+            keep = False  # output channels come out Shard(1), input channels partial
+            name = f"{name} channels {placements} {layouts}"
+        reset_warnings()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            failure = sim.compare(placements, fn, x, params, keep, name, layouts)
+        if _fallbacks(caught):
+            return f"fell back {_fallbacks(caught)}: {name}"
+        return failure
 
-    with SimulatedWorld(world, mesh_shape) as sim:
-
-        @sweep_settings(
-            30, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
-        )
-        @given(st.data())
-        def sweep(data: Any) -> None:
-            with sim.mode.disable():  # plain tensors: factories under the mode go per rank
-                x, params, fn, name, n = _draw_case(data)
-                try:
-                    fn(x, *params)
-                except RuntimeError:  # torch rejects it unsharded: nothing to compare with
-                    assume(False)
-            placements = _placements(data, mesh_shape, list(range(2, 2 + n)))
-            layouts, keep = None, True
-            if name.startswith("conv_channels"):
-                placements, layouts = _channel_layout(data, placements, params, name, mesh_shape)
-                keep = False  # output channels come out Shard(1), input channels partial
-                name = f"{name} channels {placements} {layouts}"
-            reset_warnings()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                failure = sim.compare(placements, fn, x, params, keep, name, layouts)
-            if _fallbacks(caught):
-                failure = f"fell back {_fallbacks(caught)}: {name}"
-            if failure is not None:
-                failures.append(failure)
-
-        sweep()
-    assert not failures, f"{len(failures)} cases wrong:\n" + "\n".join(failures[:20])
+    sweep_simulated(mesh_shape, 30, case)

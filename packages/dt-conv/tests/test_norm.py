@@ -13,7 +13,6 @@ inputs, the fallback's running statistics).
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from dt_core.testing import cpu_mesh, rank_values
-from test_local_tensor import SimulatedWorld
+from test_local_tensor import SimulatedWorld, sweep_simulated
 from torch import nn
 
 KINDS = ("batch", "instance", "group", "layer", "layer_last")
@@ -142,32 +141,19 @@ def test_norms_on_simulated_ranks_property(mesh_shape: tuple) -> None:
     empty ones), batch and channel counts and placements (spatial, batch, replicated) on
     2-8 simulated ranks: exact, sharded like the input, never falling back."""
     from dt_conv.fallback import reset_warnings
-    from dt_core.testing.sweeps import sweep_settings
-    from hypothesis import HealthCheck, assume, given
-    from hypothesis import strategies as st
+    from hypothesis import assume
 
-    failures: list[str] = []
-    world = math.prod(mesh_shape)
-    with SimulatedWorld(world, mesh_shape) as sim:
+    def case(sim: SimulatedWorld, data: Any) -> str | None:
+        kind, shape, placements = _draw(data, mesh_shape)
+        with sim.mode.disable():
+            try:  # torch refuses one value per channel in train mode: nothing to compare
+                _reference(kind, shape, seed=0)
+            except (ValueError, RuntimeError):
+                assume(False)
+        reset_warnings()
+        return check_simulated(sim, kind, shape, placements)
 
-        @sweep_settings(
-            12, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
-        )
-        @given(st.data())
-        def sweep(data: Any) -> None:
-            kind, shape, placements = _draw(data, mesh_shape)
-            with sim.mode.disable():
-                try:  # torch refuses one value per channel in train mode: nothing to compare
-                    _reference(kind, shape, seed=0)
-                except (ValueError, RuntimeError):
-                    assume(False)
-            reset_warnings()
-            failure = check_simulated(sim, kind, shape, placements)
-            if failure is not None:
-                failures.append(failure)
-
-        sweep()
-    assert not failures, f"{len(failures)} cases wrong:\n" + "\n".join(failures[:20])
+    sweep_simulated(mesh_shape, 12, case)
 
 
 # ---- real ranks ---------------------------------------------------------------------

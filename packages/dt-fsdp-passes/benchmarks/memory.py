@@ -71,11 +71,7 @@ def layer_bytes(width: int) -> int:
 
 
 def run(quick: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from dt_core.testing.memory import (
-        measure_one_process,
-        measure_ranks,
-        measured_report,
-    )
+    from dt_core.testing.memory import Fits, measure_one_process, measure_ranks, measured_report
 
     width, depth = (256, 4) if quick else (WIDTH, DEPTH)
     ranks = [2, 4] if quick else [2, 4, 8]
@@ -102,13 +98,13 @@ def run(quick: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         ),
         targets={4: "<= 0.33"},
         others={"torch FSDP2 (fully_shard per layer)": {p: r["peak"] for p, r in fsdp2.items()}},
-        fits={
-            "size": width,
-            "what": f"model width ({depth} square linears, Adam)",
-            "unit": "features",
-            "exponent": 2,
-            "multiple": 64,
-        },
+        fits=Fits(
+            width,
+            f"model width ({depth} square linears, Adam)",
+            "features",
+            exponent=2,
+            multiple=64,
+        ),
     )
 
 

@@ -195,6 +195,7 @@ def floor_bytes(one_process_peak: float, m: int, d: int, ranks: int) -> float:
 
 def run(quick: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from dt_core.testing.memory import (
+        Fits,
         MiB,
         measure_one_process,
         measure_ranks,
@@ -233,13 +234,7 @@ def run(quick: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                 p: r["peak"] for p, r in plain.items()
             }
         },
-        fits={
-            "size": m,
-            "what": f"token count (D={d}, F={4 * d})",
-            "unit": "tokens",
-            "exponent": 1,
-            "multiple": 1024,
-        },
+        fits=Fits(m, f"token count (D={d}, F={4 * d})", "tokens", exponent=1, multiple=1024),
     )
 
 

@@ -54,6 +54,7 @@ def _silent(text: str, note: str = "") -> None:
 def run_stage(small: bool = True, progress: Callable[..., None] = _silent) -> dict:
     """The demo's attention stage; `progress(text, note=...)` is told each phase as it
     starts, for the demo's console."""
+    from dt_core.testing.demo_stage import stage_result
     from torch.distributed.device_mesh import init_device_mesh
 
     import dt_cp
@@ -103,27 +104,18 @@ def run_stage(small: bool = True, progress: Callable[..., None] = _silent) -> di
     for _ in range(2):  # the first round warms up, the second is timed
         baseline = _gather_baseline(local, ranks, device)
 
-    timings = torch.tensor([elapsed, baseline], dtype=torch.float64)
-    dist.all_reduce(timings, op=dist.ReduceOp.MAX)
-    errors = torch.tensor([error], dtype=torch.float64)
-    dist.all_reduce(errors, op=dist.ReduceOp.MAX)
     block = batch * heads * (seq // ranks) * dim * 4  # bytes of one K (or V) shard
     # Ring: forward passes K+V P-1 times; backward passes K+V P-1 times and dK+dV P times.
-    communicated = 2 * block * ((ranks - 1) * 2 + ranks)
-    tolerance = 1e-4
-    return {
-        "feature": "context-parallel causal SDPA (ring, head-tail balanced), fwd+bwd",
-        "ranks": ranks,
-        "max_error": float(errors.item()),
-        "tolerance": tolerance,
-        "ok": bool(errors.item() <= tolerance),
-        "time_s": float(timings[0]),
-        "baseline_time_s": float(timings[1]),
-        "bytes_communicated": int(communicated),
-        "size": f"B={batch} H={heads} S={seq} D={dim}",
-        "details": (
+    return stage_result(
+        "context-parallel causal SDPA (ring, head-tail balanced), fwd+bwd",
+        error=error,
+        tolerance=1e-4,
+        times=(elapsed, baseline),
+        bytes_communicated=2 * block * ((ranks - 1) * 2 + ranks),
+        size=f"B={batch} H={heads} S={seq} D={dim}",
+        details=(
             f"B={batch} H={heads} S={seq} D={dim} fp32 on {device.type}; error is max over "
             "out/dq/dk/dv vs unsharded SDPA; baseline all-gathers q/k/v and runs full SDPA "
             "on every rank"
         ),
-    }
+    )

@@ -42,6 +42,8 @@ def _silent(text: str, note: str = "") -> None:
 def run_stage(small: bool = True, progress: Callable[..., None] = _silent) -> dict:
     """One TP MLP step (x -> relu(x W1) W2) with the plugin, unsharded, and with gloo;
     `progress(text, note=...)` is told each phase as it starts, for the demo's console."""
+    from dt_core.testing.demo_stage import stage_result
+
     import dt_symm_mem
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -82,30 +84,22 @@ def run_stage(small: bool = True, progress: Callable[..., None] = _silent) -> di
         return y_shard
 
     progress(f"fused all-gather-matmul and matmul-reduce-scatter over {world} ranks")
-    got = with_plugin().double().cpu()
-    error = torch.tensor([float((got - reference).abs().max())])
-    dist.all_reduce(error, op=dist.ReduceOp.MAX)
+    error = float((with_plugin().double().cpu() - reference).abs().max())
     repeats = 3 if small else 5
     progress(f"timing {repeats} steps with the fused ops and with gather + matmul")
-    times = torch.tensor([_timed(with_plugin, repeats), _timed(without_plugin, repeats)])
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    tolerance = 1e-4
+    times = (_timed(with_plugin, repeats), _timed(without_plugin, repeats))
     elem = torch.empty((), dtype=dtype).element_size()
     # all-gather receives (world-1) shards of x; reduce-scatter sends (world-1) chunks
-    bytes_communicated = 2 * (world - 1) * (tokens // world) * hidden * elem
-    return {
-        "feature": "fused all-gather-matmul + matmul-reduce-scatter (TP MLP, shared memory)",
-        "ranks": world,
-        "max_error": float(error),
-        "tolerance": tolerance,
-        "ok": bool(float(error) <= tolerance),
-        "time_s": float(times[0]),
-        "baseline_time_s": float(times[1]),
-        "bytes_communicated": int(bytes_communicated),
-        "size": f"x {tokens}x{hidden}, W1 {hidden}x{ffn}",
-        "details": (
+    return stage_result(
+        "fused all-gather-matmul + matmul-reduce-scatter (TP MLP, shared memory)",
+        error=error,
+        tolerance=1e-4,
+        times=times,
+        bytes_communicated=2 * (world - 1) * (tokens // world) * hidden * elem,
+        size=f"x {tokens}x{hidden}, W1 {hidden}x{ffn}",
+        details=(
             f"x {tokens}x{hidden} sequence-sharded, W1 {hidden}x{ffn} column-parallel, "
             f"W2 {ffn}x{hidden} row-parallel, fp32 vs float64 unsharded reference; baseline "
             f"{dist.get_backend()} all_gather + mm and mm + reduce_scatter"
         ),
-    }
+    )

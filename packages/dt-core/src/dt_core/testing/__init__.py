@@ -18,15 +18,8 @@ Importing any of them imports no torch; their functions do when called.
 
 from dt_core.testing.local_ranks import per_rank, rank_values, simulated_ranks
 from dt_core.testing.mesh import cpu_mesh
-from dt_core.testing.world import (
-    RankError,
-    RankFailure,
-    World,
-    WorldReplacedWarning,
-    get_world,
-    run_on_ranks,
-    shutdown_worlds,
-)
+from dt_core.testing.rank_failure import RankError, RankFailure, WorldReplacedWarning
+from dt_core.testing.world import World, get_world, run_on_ranks, shutdown_worlds
 
 __all__ = [
     "RankError",

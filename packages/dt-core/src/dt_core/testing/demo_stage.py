@@ -1,5 +1,5 @@
 """The result every plugin's demo stage returns (`run_stage(small)`, tabulated by
-`tools/demo.py`), and the check its tests share."""
+`tools/demo.py`): the builder the stages share, and the check their tests share."""
 
 from __future__ import annotations
 
@@ -25,6 +25,39 @@ OPTIONAL_STAGE_RESULT_KEYS = frozenset(
         "size",  # the sizes it ran at, a few words ("B=1 H=8 S=8192 D=64")
     }
 )
+
+
+def stage_result(
+    feature: str,
+    *,
+    error: float,
+    tolerance: float,
+    times: tuple[float, float],
+    bytes_communicated: int,
+    size: str,
+    details: str,
+) -> dict[str, Any]:
+    """A stage's result from this rank's `error` and `times` (with the plugin, without):
+    each the worst over all ranks (one collective; every rank returns the same result),
+    and `ok` by the rule `check_stage_result` holds every stage to."""
+    import torch
+    import torch.distributed as dist
+
+    worst = torch.tensor([error, *times], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    max_error, time_s, baseline_time_s = worst.tolist()
+    return {
+        "feature": feature,
+        "ranks": dist.get_world_size(),
+        "max_error": max_error,
+        "tolerance": tolerance,
+        "ok": max_error <= tolerance,
+        "time_s": time_s,
+        "baseline_time_s": baseline_time_s,
+        "bytes_communicated": int(bytes_communicated),
+        "size": size,
+        "details": details,
+    }
 
 
 def check_stage_result(result: Mapping[str, Any], ranks: int) -> None:

@@ -44,6 +44,7 @@ from typing import Any
 # The report's pieces live in memory_report; the benchmarks import them from here too.
 from dt_core.testing.memory_report import (
     PEAK_METRIC,
+    Fits,
     MiB,
     allocation_note,
     fit_inverse_p,
@@ -265,6 +266,7 @@ __all__ = [
     "LARGE_BLOCK",
     "MMAP_THRESHOLD_ENV",
     "PEAK_METRIC",
+    "Fits",
     "MiB",
     "allocation_note",
     "fit_inverse_p",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 MiB = 2**20
 
@@ -78,6 +78,19 @@ def _peak_row(
     }
 
 
+class Fits(NamedTuple):
+    """The largest problem within a per-rank budget, as a report shows it: the problem
+    `size` the peaks were measured at, what that size counts (`what`, in `unit`), memory
+    growing like size**`exponent` (`largest_fitting`), sizes in steps of `multiple`."""
+
+    size: int
+    what: str
+    unit: str
+    exponent: float
+    multiple: int
+    budget: float = 1024 * MiB  # bytes per rank
+
+
 def scaling_report(
     label: str,
     problem: str,
@@ -88,13 +101,13 @@ def scaling_report(
     floor_note: str,
     targets: dict[int, str] | None = None,
     others: dict[str, dict[int, float]] | None = None,
-    fits: dict[str, Any] | None = None,
+    fits: Fits | dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Report rows and one plot for a plugin's per-rank peak (bytes) at each P against one
     process on the whole problem, the floor (`floors`, bytes, P > 1) and `others` (e.g.
-    torch's FSDP2, bytes by P). `fits` = {"size", "what", "unit", "exponent", "multiple",
-    "budget" (1 GiB if left out)} adds the largest problem within `budget` bytes per rank at
-    P = 1 and each P (`largest_fitting` from each measured peak)."""
+    torch's FSDP2, bytes by P). `fits` (a `Fits`, or a dict of its fields) adds the largest
+    problem within its budget per rank at P = 1 and each P (`largest_fitting` from each
+    measured peak)."""
     targets, others = targets or {}, others or {}
     ranks = sorted(peaks)
     per_p = ", ".join(f"P={p} {_mib(one_process) / p:.1f}" for p in ranks)
@@ -132,25 +145,27 @@ def scaling_report(
             )
             for p in sorted(by_p)
         ]
-    if fits:
-        budget = fits.get("budget", 1024 * MiB)
+    if isinstance(fits, dict):
+        fits = Fits(**fits)
+    if fits is not None:
         sizes = {
-            p: largest_fitting(fits["size"], peak, budget, fits["exponent"], fits["multiple"])
+            p: largest_fitting(fits.size, peak, fits.budget, fits.exponent, fits.multiple)
             for p, peak in [(1, one_process), *((p, peaks[p]) for p in ranks)]
         }
+        within = f"within {_mib(fits.budget):.0f} MiB per rank"
         for p in ranks:
             rows.append(
                 {
-                    "name": f"largest {fits['what']} within {_mib(budget):.0f} MiB per rank, P={p}",
+                    "name": f"largest {fits.what} {within}, P={p}",
                     "metric": "what fits",
                     "value": sizes[p],
-                    "unit": fits["unit"],
+                    "unit": fits.unit,
                     "baseline": "one process",
                     "baseline_value": sizes[1],
                     "ratio": sizes[p] / sizes[1] if sizes[1] else float("nan"),
-                    "target": f"~{p ** (1 / fits['exponent']):.3g}x",
-                    "notes": f"from the peak measured at {fits['size']}, memory growing like "
-                    f"size^{fits['exponent']}; multiples of {fits['multiple']}",
+                    "target": f"~{p ** (1 / fits.exponent):.3g}x",
+                    "notes": f"from the peak measured at {fits.size}, memory growing like "
+                    f"size^{fits.exponent}; multiples of {fits.multiple}",
                 }
             )
     xs = [1, *ranks]

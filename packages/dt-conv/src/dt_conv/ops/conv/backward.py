@@ -28,13 +28,12 @@ from . import same
 from .channels import (
     ChannelLayout,
     bias_gradient,
-    channel_layout,
     grad_output_placements,
     local_groups,
     local_weight,
     weight_gradient,
 )
-from .plan import ConvPlan, in_exchange_order, make_plan, overlap_rows
+from .plan import ConvPlan, layout_and_plan, overlap_rows
 
 aten = torch.ops.aten
 
@@ -59,15 +58,11 @@ def convolution_backward_handler(
             reason = f"transposed convolution: {exc}"
             return replicated_fallback("conv", reason, op_call, args, kwargs, like=(x, weight))
         return transposed_backward.backward(tplan, grad_out, x, weight, bias_sizes, groups, mask)
-    layout = channel_layout(x, weight, None, groups)
     with torch.no_grad():
         try:
-            plan = make_plan(
-                x, weight.shape, stride, padding, dilation, transposed, layout.splits_input
-            )
+            layout, plan = layout_and_plan(x, weight, None, stride, padding, dilation, groups)
         except Unsupported as exc:
             return replicated_fallback("conv", str(exc), op_call, args, kwargs, like=(x, weight))
-        plan = in_exchange_order(plan)  # the forward's order; every path exchanges in it
         mesh = plan.mesh
         g_placements = grad_output_placements(layout, plan.placements)
         g = grad_out.redistribute(mesh, g_placements).to_local()

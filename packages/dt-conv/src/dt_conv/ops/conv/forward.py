@@ -15,14 +15,8 @@ from ...engine.windows import gather_windows
 from ..transposed import forward as transposed_forward
 from ..transposed.plan import make_transposed_plan
 from . import same
-from .channels import (
-    channel_layout,
-    local_bias,
-    local_groups,
-    local_weight,
-    output_placements,
-)
-from .plan import ConvPlan, in_exchange_order, local_conv, local_out_shape, make_plan, overlap_rows
+from .channels import local_bias, local_groups, local_weight, output_placements
+from .plan import ConvPlan, layout_and_plan, local_conv, local_out_shape, overlap_rows
 
 
 def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dict) -> object:
@@ -42,15 +36,11 @@ def convolution_handler(op_call: torch._ops.OpOverload, args: tuple, kwargs: dic
         except Unsupported as exc:
             return _fallback(f"transposed convolution: {exc}", op_call, args, kwargs, x)
         return transposed_forward.forward(tplan, x, weight, bias, groups)
-    layout = channel_layout(x, weight, bias, groups)
     with torch.no_grad():
         try:
-            plan = make_plan(
-                x, weight.shape, stride, padding, dilation, transposed, layout.splits_input
-            )
+            layout, plan = layout_and_plan(x, weight, bias, stride, padding, dilation, groups)
         except Unsupported as exc:
             return _fallback(str(exc), op_call, args, kwargs, x)
-        plan = in_exchange_order(plan)
         w, b = local_weight(layout, weight, x), local_bias(layout, bias, weight, x)
         placements = output_placements(layout, plan.placements)
         groups = local_groups(layout, groups, x)

@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor, Placement
 from ...engine.geometry import Affine, DimSplit, Range, conv_out_size, conv_split, expand
 from ...engine.overlap.forward import Rows, exchange_order, rows_of
 from ...engine.plan import SpatialPlan, Splitter, plan_spatial
+from .channels import ChannelLayout, channel_layout
 
 aten = torch.ops.aten
 
@@ -102,6 +103,23 @@ def make_plan(
     for s in spatial.splits:
         local_padding[s.dim - 2] = 0
     return ConvPlan(spatial, local_padding, stride, dilation)
+
+
+def layout_and_plan(
+    x: DTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> tuple[ChannelLayout, ConvPlan]:
+    """The channel layout and the plan of a convolution that is not transposed, its halos
+    in exchange order: forward and backward both plan by this, so every path of either
+    exchanges in one order. `Unsupported` as `make_plan`."""
+    layout = channel_layout(x, weight, bias, groups)
+    plan = make_plan(x, weight.shape, stride, padding, dilation, False, layout.splits_input)
+    return layout, in_exchange_order(plan)
 
 
 def local_out_shape(plan: ConvPlan, window: torch.Tensor) -> list[int]:
