@@ -19,9 +19,6 @@ rounds alternating
                  calls of up to 4096 rows: the default)
   allgather-own-first (the whole own block first: the last share's trip not overlapped)
   allgather-1024 (kernel calls of up to 1024 rows, as before)
-  allgather-gathered (the traced path run eagerly: gather, compute, reduce-scatter op)
-  allgather-allreduce (the same with dK/dV all-reduced in full and 1024-row kernel calls:
-                 the all-gather before)
 and one process with 2 threads (the other rank idle in a barrier). Per rank it reports the
 forward time, the time spent waiting on exchanges (fwd+bwd) and in log-sum-exp merges, and
 both ranks' CPU time (gloo's threads included) over the one process's: extra work, which
@@ -48,21 +45,15 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, only: list, queue: A
     import dt_cp
     import torch.distributed as dist
     import torch.nn.functional as F
-    from dt_cp import algorithms, blocks, comm
+    from dt_cp import algorithms, blocks, comm, exchange
     from torch.distributed.device_mesh import init_device_mesh
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,))
-    balanced = algorithms._chunk_order
+    balanced = exchange.chunk_order
 
     def natural(shards, receiver, source, causal, chunks):
         return tuple(range(chunks))
-
-    def all_reduced(x, dim, sizes, group):  # the previous gloo reduce-scatter
-        total = x.contiguous().clone()
-        dist.all_reduce(total, group=comm.group_of(group))
-        rank = dist.get_rank(comm.group_of(group))
-        return total.narrow(dim, sum(sizes[:rank]), sizes[rank]).clone()
 
     timers = {"wait": 0.0, "merge": 0.0}
     wait, merge = comm.RingStep.wait, blocks.Accumulator.merge
@@ -83,13 +74,11 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, only: list, queue: A
     full = [torch.randn(1, HEADS, seq, DIM, generator=gen) for _ in range(3)]
     with dt_cp.settings(load_balancer="head_tail"):
         qkv = [dt_cp.shard_sequence(t, mesh, 2).requires_grad_() for t in full]
-    traced = lambda *_: True  # noqa: E731  (run the traced path eagerly)
     defaults = {
-        (algorithms, "_chunk_order"): balanced,
+        (exchange, "chunk_order"): balanced,
         (algorithms, "RING_PREFETCH_CHUNKS"): algorithms.RING_PREFETCH_CHUNKS,
         (algorithms, "OWN_BLOCK_LAST"): algorithms.OWN_BLOCK_LAST,
         (algorithms, "RING_OWN_BLOCK_OVERLAP"): algorithms.RING_OWN_BLOCK_OVERLAP,
-        (algorithms, "is_tracing"): algorithms.is_tracing,
         (blocks, "GATHERED_RANGE_ROWS"): blocks.GATHERED_RANGE_ROWS,
         (blocks, "RING_RANGE_ROWS"): blocks.RING_RANGE_ROWS,
         (blocks, "RING_CHUNK_RANGE_ROWS"): blocks.RING_CHUNK_RANGE_ROWS,
@@ -111,16 +100,12 @@ def _rank_main(rank: int, port: int, seq: int, rounds: int, only: list, queue: A
         ("ring-1024", "ring", {"RING_RANGE_ROWS": 1024}),
         ("ring-own-overlap", "ring", {"RING_OWN_BLOCK_OVERLAP": True}),
         ("ring-depth1", "ring", {"RING_PREFETCH_CHUNKS": 1}),
-        ("ring-natural1", "ring", {"RING_PREFETCH_CHUNKS": 1, "_chunk_order": natural}),
+        ("ring-natural1", "ring", {"RING_PREFETCH_CHUNKS": 1, "chunk_order": natural}),
         ("allgather", "allgather", {}),
         ("allgather-own-first", "allgather", {"OWN_BLOCK_LAST": 0.0}),
         ("allgather-1024", "allgather", {"GATHERED_RANGE_ROWS": 1024}),
-        ("allgather-gathered", "allgather", {"is_tracing": traced}),
-        (
-            "allgather-allreduce",
-            "allgather",
-            {"is_tracing": traced, "reduce_scatter_seq": all_reduced, "GATHERED_RANGE_ROWS": 1024},
-        ),
+        # (the traced all-gather is the "traced" path, which plan.choose_path picks
+        # under torch.compile only: profile it with a compiled step)
     )
     variants = tuple(v for v in variants if not only or v[0] in only)
     results: dict[str, list] = {}
