@@ -26,7 +26,7 @@ def _all_gather_impl(
     from dt_cp.comm import all_gather_seq
     from dt_cp.records import check_traced
 
-    check_traced(group, layout)
+    check_traced(layout)
     return all_gather_seq(x, dim, sizes, group)
 
 

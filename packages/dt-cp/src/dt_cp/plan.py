@@ -153,8 +153,8 @@ def make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan:
             k.shape[SEQ_DIM], parts, settings.load_balancer, settings.documents
         )
         # the settings' order against what shard_sequence recorded: never a silent guess
-        records.check(group, q_layout, "attention's query")
-        records.check(group, kv_layout, "attention's key and value")
+        records.check(mesh, cp, q_layout, "attention's query")
+        records.check(mesh, cp, kv_layout, "attention's key and value")
         algorithm: str = settings.algorithm
     else:
         check_settings_agree(torch_state, settings)

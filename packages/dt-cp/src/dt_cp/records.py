@@ -6,7 +6,8 @@ sharding strategies build fresh `Shard` placements for every op's output, so a m
 placement or an attribute is gone after the first projection. Causal attention needs the
 order, and reads it from the settings in force. So `shard_sequence` records the layout it
 chose under the key attention can see again on any tensor derived from the sharded one:
-the process group of the mesh dim that shards the sequence, and the sequence length.
+the mesh (the very object: torch's ops hand it from input to output), the mesh dim that
+shards the sequence, and the sequence length. A record lives as long as its mesh.
 Attention and `unshard_sequence` compare the layout they are about to use with the
 record and raise `LayoutMismatchError` naming both:
 
@@ -25,15 +26,35 @@ state, which dt-cp checks separately), and a mismatch is an error, never a guess
 from __future__ import annotations
 
 import functools
+import weakref
 from collections import OrderedDict
+from typing import Any
 
 from .config import LOAD_BALANCERS, current
 from .layout import Range, SequenceLayout
 
-# Distinct (group, length) keys kept; the oldest is dropped past this.
+# Distinct (mesh, mesh dim, length) keys kept; the oldest is dropped past this.
 MAX_RECORDS = 256
 
-_records: OrderedDict[tuple[str, int], SequenceLayout] = OrderedDict()
+# Keyed by the mesh's id: meshes compare by value, and two equal meshes built apart (say
+# one per test, or per phase of a program) keep records of their own. An entry goes when
+# its mesh is collected, so a new mesh that reuses an id starts without records.
+_records: OrderedDict[tuple[int, int, int], SequenceLayout] = OrderedDict()
+_meshes: dict[int, weakref.ref[Any]] = {}  # the live meshes that hold records, by id
+
+
+def _mesh_key(mesh: Any) -> int:
+    key = id(mesh)
+    if key not in _meshes:
+        _meshes[key] = weakref.ref(mesh)
+        weakref.finalize(mesh, _drop_mesh, key)
+    return key
+
+
+def _drop_mesh(key: int) -> None:
+    _meshes.pop(key, None)
+    for stale in [k for k in _records if k[0] == key]:
+        del _records[stale]
 
 
 class LayoutMismatchError(ValueError):
@@ -41,19 +62,37 @@ class LayoutMismatchError(ValueError):
     `shard_sequence` laid the tensor out with: the result would be silently wrong."""
 
 
-def record(group: str, layout: SequenceLayout) -> None:
-    """Remember that `shard_sequence` laid a sequence of `layout.length` out over the
-    process group named `group` in `layout`."""
-    key = (group, layout.length)
+def record(mesh: Any, mesh_dim: int, layout: SequenceLayout) -> None:
+    """Remember that `shard_sequence` laid a sequence of `layout.length` out on `mesh`'s
+    dim `mesh_dim` in `layout`."""
+    key = (_mesh_key(mesh), mesh_dim, layout.length)
     _records.pop(key, None)
     _records[key] = layout
     while len(_records) > MAX_RECORDS:
         _records.popitem(last=False)
 
 
-def recorded(group: str, length: int) -> SequenceLayout | None:
-    """The newest layout `shard_sequence` recorded for this key, or None."""
-    return _records.get((group, length))
+def recorded(mesh: Any, mesh_dim: int, length: int) -> SequenceLayout | None:
+    """The newest layout `shard_sequence` recorded for this key, or None: for this very
+    mesh, else for a live mesh equal to it (torch.compile traces DTensors on a copy)."""
+    if id(mesh) in _meshes:
+        own = _records.get((id(mesh), mesh_dim, length))
+        if own is not None:
+            return own
+    equal = {key for key, ref in _meshes.items() if _same_mesh(ref(), mesh)}
+    found = [
+        v
+        for (key, dim, n), v in _records.items()
+        if key in equal and (dim, n) == (mesh_dim, length)
+    ]
+    return found[-1] if found else None
+
+
+def _same_mesh(a: Any, b: Any) -> bool:
+    try:
+        return a is not None and a == b
+    except Exception:  # noqa: BLE001 - meshes of other kinds do not compare: not the same
+        return False
 
 
 def forget_layouts() -> None:
@@ -63,11 +102,11 @@ def forget_layouts() -> None:
     _records.clear()
 
 
-def check(group: str, layout: SequenceLayout, what: str) -> None:
+def check(mesh: Any, mesh_dim: int, layout: SequenceLayout, what: str) -> None:
     """Raise `LayoutMismatchError` if `layout`, which `what` is about to use for a
-    sequence sharded over the process group `group`, is not what `shard_sequence`
-    recorded, or is balanced where nothing was recorded."""
-    seen = recorded(group, layout.length)
+    sequence sharded on `mesh`'s dim `mesh_dim`, is not what `shard_sequence` recorded,
+    or is balanced where nothing was recorded."""
+    seen = recorded(mesh, mesh_dim, layout.length)
     if seen is None:
         if _is_natural(layout):
             return
@@ -129,7 +168,8 @@ def _merged(ranges: list[Range]) -> list[Range]:
 # torch.compile does not see dt-cp's settings: a graph traced under one layout would run
 # unchanged on tensors laid out another way. So the traced all-gather
 # (`dt_cp::all_gather_seq`) carries the layout it was traced with, and its kernel checks
-# it against the settings and the record each time the graph runs.
+# it against the settings each time the graph runs. (The record was checked when the
+# graph was traced; the graph carries no mesh to look a newer record up by.)
 
 
 def encode(layout: SequenceLayout) -> str:
@@ -148,9 +188,9 @@ def decode(encoded: str) -> SequenceLayout:
     return SequenceLayout(int(length), int(parts), balancer, documents)
 
 
-def check_traced(group: str, encoded: str) -> None:
+def check_traced(encoded: str) -> None:
     """Raise `LayoutMismatchError` if a compiled attention traced with `encoded`'s layout
-    runs where the settings or the record say the sequence is laid out otherwise."""
+    runs under settings that lay the sequence out otherwise."""
     if not encoded:
         return
     traced = decode(encoded)
@@ -164,7 +204,6 @@ def check_traced(group: str, encoded: str) -> None:
             "sequence in the traced order: compile the function again for this layout "
             "(torch._dynamo.reset(), or one compiled function per layout)."
         )
-    check(group, traced, "this compiled attention")
 
 
 @functools.lru_cache(maxsize=256)

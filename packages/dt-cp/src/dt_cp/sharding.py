@@ -66,7 +66,7 @@ def shard_sequence(
     layout = _layout(t.shape[seq_dim], mesh.size(mesh_dim), load_balancer, documents)
     _check_torch_agrees(layout)
     # attention checks the order it reads against this record
-    records.record(mesh.get_group(mesh_dim % mesh.ndim).group_name, layout)
+    records.record(mesh, mesh_dim % mesh.ndim, layout)
     if layout.balancer != "none":
         t = t.index_select(seq_dim, layout.permutation(t.device))
     placements: list[Placement] = [Replicate()] * mesh.ndim
@@ -85,8 +85,7 @@ def unshard_sequence(
     seq_dim = seq_dim % t.dim()
     full = t.full_tensor()
     layout = _layout(full.shape[seq_dim], t.device_mesh.size(mesh_dim), load_balancer, documents)
-    group = t.device_mesh.get_group(mesh_dim % t.device_mesh.ndim).group_name
-    records.check(group, layout, "unshard_sequence")
+    records.check(t.device_mesh, mesh_dim % t.device_mesh.ndim, layout, "unshard_sequence")
     if layout.balancer == "none":
         return full
     inverse = torch.argsort(layout.permutation(full.device))
