@@ -6,8 +6,6 @@ mmap large blocks (so freeing returns them) and to trim its heap before each rea
 
 from __future__ import annotations
 
-import pytest
-
 WIDTH, DEPTH = 1024, 4  # 4 MiB per full weight; the first layer's is not saved
 
 
@@ -49,15 +47,23 @@ def _eager_reshard(reshard: bool) -> dict:
     return {"grown": grown, "errors": errors}
 
 
-@pytest.mark.ranks(2)
+def _kept_and_freed() -> tuple[dict, dict]:
+    return _eager_reshard(False), _eager_reshard(True)
+
+
 def test_eager_reshard_frees_gathered_weights_and_matches() -> None:
+    """Measured on 2 ranks of a world of their own: a process's resident memory depends on
+    what it ran before (a shared world that other tests had used once kept a stray full
+    weight, and one that had run every package's tests kept two)."""
+    from dt_core.testing import World
+
     full_weights = (DEPTH - 1) * WIDTH * WIDTH * 4
-    kept = _eager_reshard(False)
-    freed = _eager_reshard(True)
-    assert kept["grown"] > 0.8 * full_weights, (kept, full_weights)  # saved for backward
-    # only shards stay. The bound leaves room for one stray full weight (4 MiB of 12): a
-    # run under pytest-xdist once found one still resident, on a rank world other tests
-    # had used before; keeping the weights for backward grows by all three.
-    assert freed["grown"] < 0.5 * full_weights, (freed, full_weights)
-    for result in (kept, freed):
-        assert result["errors"]["loss"] < 2e-6 and result["errors"]["params"] < 2e-6, result
+    with World(2) as world:
+        results = world.run(_kept_and_freed)
+    for kept, freed in results:
+        assert kept["grown"] > 0.8 * full_weights, (kept, full_weights)  # saved for backward
+        # only shards stay; the bound leaves room for one stray full weight (4 MiB of 12),
+        # where keeping the weights for backward grows by all three
+        assert freed["grown"] < 0.5 * full_weights, (freed, full_weights)
+        for result in (kept, freed):
+            assert result["errors"]["loss"] < 2e-6 and result["errors"]["params"] < 2e-6, result

@@ -5,28 +5,28 @@ likewise. Range pairs that a causal mask hides entirely are skipped; pairs on th
 diagonal use the kernel's own causal flag; others get an explicit mask from positions.
 Each pair returns its output and log-sum-exp, merged across blocks by `Accumulator`.
 
-Two leaf kernels: torch's fused CPU attention (`aten._scaled_dot_product_flash_attention
-_for_cpu`, for SDPA on CPU) and a plain math kernel (any device, score_mod / mask_mod,
-chunked over queries so it never holds more than a bounded score tile).
+Two leaf kernels: torch's fused CPU attention (fused_cpu_kernel.py, for SDPA on CPU) and a
+plain math kernel (math_kernel.py: any device, score_mod / mask_mod, chunked over queries
+so it never holds more than a bounded score tile). The types they share live in
+attention_spec.py and are re-exported here, where callers import them. The row limits
+below stay here: they are read at call time, and tests and benchmarks set them on this
+module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
-
 import torch
 from dt_core.kit import Counters
 
+from .attention_spec import KV, NEG_INF, AttentionSpec, Grads, Saved
+from .fused_cpu_kernel import native_backward, native_forward
 from .layout import Range, Shards
+from .math_kernel import (
+    autograd_vjp,  # noqa: F401 - re-exported: flex.py imports it from here
+    math_backward,
+    math_forward,
+)
 
-Position = tuple[int, int, int, int]  # (q0, qn, k0, kn): a range pair in global positions
-
-aten = torch.ops.aten
-NEG_INF = float("-inf")
-# Largest score tile (elements) the math kernel materialises at once.
-MATH_TILE = 1 << 22
 # Longest run of rows one kernel call sees (bounds per-call temporaries; see with_offsets).
 # 1024 keeps a backward call's dq/dk/dv pieces small next to the O(S/P) state (ring memory
 # at P=2) and measured no slower than 4096 at S=16k (the fused kernel tiles internally).
@@ -50,53 +50,6 @@ SPARSE_RANGE_ROWS = 512
 # dt-cp's counters (dt-core's kit): "score_elements", the (query, key) scores this
 # process computed, read by the benchmark and by `dt-plugins stats -- <command>`.
 COUNTERS = Counters("cp")
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    """What to compute, in global coordinates (masks see global positions)."""
-
-    scale: float
-    causal: bool = False
-    attn_mask: torch.Tensor | None = None  # additive float or bool, broadcast to (B,H,L,S)
-    score_mod: Callable[..., torch.Tensor] | None = None
-    mask_mod: Callable[..., torch.Tensor] | None = None
-    native: bool = False  # use torch's fused CPU kernel (no score_mod / mask_mod)
-    score_mod_vjp: Callable[..., torch.Tensor] | None = None  # (raw, b, h, q, kv, grad)
-    batch_offset: int = 0  # global index of the first local batch row (score/mask mods)
-    head_offset: int = 0  # global index of the first local head
-    # (q0, qn, k0, kn) -> whether a BlockMask lists any block of the pair (None: all run)
-    visible: Callable[[int, int, int, int], bool] | None = None
-
-
-class KV(NamedTuple):
-    """A block's keys and values (sequence on dim 2), or their gradients: they travel,
-    slice and accumulate together."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-
-    def rows(self, lo: int, hi: int) -> KV:
-        return KV(self.k[:, :, lo:hi], self.v[:, :, lo:hi])
-
-
-class Saved(NamedTuple):
-    """The query side of backward: the incoming gradient, the queries, and the forward's
-    final (merged) output and log-sum-exp, which make each block's gradient exact alone."""
-
-    dout: torch.Tensor
-    q: torch.Tensor
-    out: torch.Tensor
-    lse: torch.Tensor
-
-    def rows(self, lo: int, hi: int) -> Saved:
-        return Saved(*(t[:, :, lo:hi] for t in self))
-
-
-class Grads(NamedTuple):
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
 
 
 def with_offsets(ranges: list[Range], max_rows: int | None = None) -> list[tuple[int, int, int]]:
@@ -129,203 +82,6 @@ def relation(spec: AttentionSpec, q0: int, qn: int, k0: int, kn: int) -> str:
     if k0 == q0 and kn == qn:
         return "diag"
     return "partial"
-
-
-def mask_slice(spec: AttentionSpec, q0: int, qn: int, k0: int, kn: int) -> torch.Tensor | None:
-    """The user's attn_mask for this pair of global ranges (or None)."""
-    m = spec.attn_mask
-    if m is None:
-        return None
-    return m[..., q0 : q0 + qn, k0 : k0 + kn]
-
-
-def causal_mask(q0: int, qn: int, k0: int, kn: int, device: torch.device | str) -> torch.Tensor:
-    qi = torch.arange(q0, q0 + qn, device=device)[:, None]
-    kj = torch.arange(k0, k0 + kn, device=device)[None, :]
-    return kj <= qi
-
-
-# --- fused CPU kernel ---------------------------------------------------------------------
-
-
-def _native_mask(
-    spec: AttentionSpec, rel: str, q0: int, qn: int, k0: int, kn: int, dtype: torch.dtype
-) -> tuple[torch.Tensor | None, bool]:
-    """(additive float mask or None, is_causal flag) for the fused kernel."""
-    user = mask_slice(spec, q0, qn, k0, kn)
-    if user is None and rel in ("full", "diag"):
-        return None, rel == "diag"
-    allowed = None
-    if rel in ("diag", "partial"):
-        allowed = causal_mask(q0, qn, k0, kn, user.device if user is not None else "cpu")
-    if user is not None and user.dtype == torch.bool:
-        allowed = user if allowed is None else user & allowed
-        user = None
-    additive = torch.zeros((), dtype=dtype) if user is None else user.to(dtype)
-    if allowed is not None:
-        additive = additive.masked_fill(~allowed, NEG_INF)
-    return additive.expand(*additive.shape[:-2], qn, kn) if additive.dim() >= 2 else additive, False
-
-
-def _dead_rows(mask: torch.Tensor | None, lse: torch.Tensor) -> torch.Tensor | None:
-    """Rows whose every key is masked (the fused kernel reports lse 0 for them)."""
-    if mask is None:
-        return None
-    dead = torch.isneginf(mask).all(-1)
-    return torch.broadcast_to(dead, lse.shape)
-
-
-def native_forward(
-    spec: AttentionSpec, q: torch.Tensor, kv: KV, rel: str, pos: Position
-) -> tuple[torch.Tensor, torch.Tensor]:
-    mask, is_causal = _native_mask(spec, rel, *pos, q.dtype)
-    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-        q, kv.k, kv.v, 0.0, is_causal, attn_mask=mask, scale=spec.scale
-    )
-    dead = _dead_rows(mask, lse)
-    if dead is not None and bool(dead.any()):
-        lse = lse.masked_fill(dead, NEG_INF)
-    return out, lse
-
-
-def native_backward(spec: AttentionSpec, saved: Saved, kv: KV, rel: str, pos: Position) -> Grads:
-    """`saved.lse` is +inf, not -inf, on rows with no visible key (zero probabilities)."""
-    dout, q, out, lse = saved
-    mask, is_causal = _native_mask(spec, rel, *pos, q.dtype)
-    return Grads(
-        *aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, kv.k, kv.v, out, lse, 0.0, is_causal, attn_mask=mask, scale=spec.scale
-        )
-    )
-
-
-# --- math kernel --------------------------------------------------------------------------
-
-
-def _expand_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
-    if t.shape[1] == heads:
-        return t
-    return t.repeat_interleave(heads // t.shape[1], dim=1)
-
-
-def _scores(
-    spec: AttentionSpec, q: torch.Tensor, k: torch.Tensor, rel: str, q0: int, k0: int
-) -> torch.Tensor:
-    """Masked, modded scores of a (query chunk, key block) pair; -inf where hidden."""
-    b_, h_, qn, _ = q.shape
-    kn = k.shape[2]
-    s = torch.matmul(q, _expand_heads(k, h_).transpose(-1, -2)) * spec.scale
-    dev = q.device
-    qi = torch.arange(q0, q0 + qn, device=dev).view(1, 1, qn, 1)
-    kj = torch.arange(k0, k0 + kn, device=dev).view(1, 1, 1, kn)
-    bi = torch.arange(spec.batch_offset, spec.batch_offset + b_, device=dev).view(b_, 1, 1, 1)
-    hi = torch.arange(spec.head_offset, spec.head_offset + h_, device=dev).view(1, h_, 1, 1)
-    if spec.score_mod is not None:
-        s = torch.broadcast_to(spec.score_mod(s, bi, hi, qi, kj), s.shape)
-    allowed = None
-    if rel in ("diag", "partial"):
-        allowed = kj <= qi
-    if spec.mask_mod is not None:
-        m = spec.mask_mod(bi, hi, qi, kj)
-        allowed = m if allowed is None else allowed & m
-    user = mask_slice(spec, q0, qn, k0, kn)
-    if user is not None:
-        if user.dtype == torch.bool:
-            allowed = user if allowed is None else allowed & user
-        else:
-            s = s + user.to(s.dtype)
-    if allowed is not None:
-        s = s.masked_fill(~torch.broadcast_to(allowed, s.shape), NEG_INF)
-    return s
-
-
-def _chunks(spec: AttentionSpec, q: torch.Tensor, kn: int) -> int:
-    per_row = max(1, q.shape[0] * q.shape[1] * kn)
-    return max(1, MATH_TILE // per_row)
-
-
-def math_forward(
-    spec: AttentionSpec, q: torch.Tensor, kv: KV, rel: str, pos: Position
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q0, qn, k0, kn = pos
-    k = kv.k
-    rows = _chunks(spec, q, kn)
-    outs, lses, maxes = [], [], []
-    vx = _expand_heads(kv.v, q.shape[1])
-    for c in range(0, qn, rows):
-        s = _scores(spec, q[:, :, c : c + rows], k, rel, q0 + c, k0)
-        lse = torch.logsumexp(s, -1)
-        p = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse).unsqueeze(-1))
-        outs.append(torch.matmul(p.to(vx.dtype), vx))
-        lses.append(lse)
-        maxes.append(s.amax(-1) if s.shape[-1] else lse)
-    return torch.cat(outs, 2), torch.cat(lses, 2), torch.cat(maxes, 2)
-
-
-def autograd_vjp(score_mod: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """d(score_mod)/d(score) applied to a gradient, by autograd (needs autograd enabled)."""
-
-    def vjp(
-        raw: torch.Tensor,
-        b: torch.Tensor,
-        h: torch.Tensor,
-        qi: torch.Tensor,
-        kj: torch.Tensor,
-        grad: torch.Tensor,
-    ) -> torch.Tensor:
-        with torch.enable_grad():
-            x = raw.detach().requires_grad_()
-            y = torch.broadcast_to(score_mod(x, b, h, qi, kj), x.shape)
-            return torch.autograd.grad(y, x, grad)[0]
-
-    return vjp
-
-
-def math_backward(spec: AttentionSpec, saved: Saved, kv: KV, rel: str, pos: Position) -> Grads:
-    """Flash-style backward from the final lse; analytic except for score_mod's own vjp.
-
-    Runs inside DTensor / HOP dispatch, below autograd, so it does not lean on autograd
-    (the score_mod vjp comes from `spec.score_mod_vjp`: torch's joint graph, or autograd
-    where that is available).
-    """
-    q0, qn, k0, kn = pos
-    dout, q, out, lse = saved
-    k, v = kv
-    heads = q.shape[1]
-    groups = heads // k.shape[1]
-    rows = _chunks(spec, q, kn)
-    kx, vx = _expand_heads(k, heads), _expand_heads(v, heads)
-    dqs = []
-    dkx = torch.zeros_like(kx)
-    dvx = torch.zeros_like(vx)
-    for c in range(0, qn, rows):
-        sl = slice(c, c + rows)
-        qc, do = q[:, :, sl], dout[:, :, sl]
-        raw = _scores(AttentionSpec(spec.scale), qc, k, "full", q0 + c, k0)
-        s = _scores(spec, qc, k, rel, q0 + c, k0)
-        safe = torch.where(torch.isneginf(lse[:, :, sl]), float("inf"), lse[:, :, sl])
-        p = torch.exp(s - safe.unsqueeze(-1))
-        dvx += torch.matmul(p.transpose(-1, -2).to(do.dtype), do)
-        delta = (do * out[:, :, sl]).sum(-1, keepdim=True)
-        ds = p * (torch.matmul(do, vx.transpose(-1, -2)) - delta)
-        if spec.score_mod is not None:
-            if spec.score_mod_vjp is None:
-                raise NotImplementedError("dt-cp: score_mod without a way to differentiate it")
-            b_, h_ = qc.shape[0], qc.shape[1]
-            dev = q.device
-            bi = torch.arange(spec.batch_offset, spec.batch_offset + b_, device=dev)
-            hi = torch.arange(spec.head_offset, spec.head_offset + h_, device=dev)
-            qi = torch.arange(q0 + c, q0 + c + qc.shape[2], device=dev).view(1, 1, -1, 1)
-            kj = torch.arange(k0, k0 + kn, device=dev).view(1, 1, 1, kn)
-            ds = spec.score_mod_vjp(raw, bi.view(-1, 1, 1, 1), hi.view(1, -1, 1, 1), qi, kj, ds)
-            ds = torch.where(p > 0, ds, 0.0)  # masked entries carry no gradient
-        ds = ds.to(q.dtype) * spec.scale
-        dqs.append(torch.matmul(ds, kx))
-        dkx += torch.matmul(ds.transpose(-1, -2), qc)
-    b_, _, n, e = dkx.shape
-    dk = dkx.view(b_, heads // groups, groups, n, e).sum(2)
-    dv = dvx.view(b_, heads // groups, groups, n, dvx.shape[-1]).sum(2)
-    return Grads(torch.cat(dqs, 2), dk, dv)
 
 
 # --- one block, every range pair ----------------------------------------------------------

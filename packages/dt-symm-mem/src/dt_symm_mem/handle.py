@@ -16,6 +16,8 @@ of that slot). So one flag write per op suffices and no trailing barrier is need
 Chunk streams (`progress_word`/`consumed_word`, used by the streamed all-gather): within
 one op a rank publishes a running count of chunks written into a small ring in its slot,
 and each reader a running count of chunks it has copied out, both as (seq << 32) + count.
+
+The segment's geometry (`_Layout`, `segment_bytes`) is segment_layout.py's.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ import numpy as np
 import torch
 
 from dt_symm_mem import segment
+from dt_symm_mem.segment_layout import (
+    CHANNELS,
+    _Layout,
+    segment_bytes,  # noqa: F401 - re-exported: workspace.py imports it from here
+)
 from dt_symm_mem.settings import settings
 
 TIMEOUT_ENV = settings.env_var("timeout")
-CHANNELS = 4
-LINE_WORDS = 8  # int64 words per 64-byte line
 SPIN_S = 200e-6  # busy-wait at most this long before yielding the core
 MIN_SPIN_S = 10e-6
 YIELD_S = 2e-3  # then yield; after this, nap between checks
@@ -64,33 +69,6 @@ def _pid_alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
-
-
-class _Layout:
-    """Flag indices (in int64 words) for a world of `ws` ranks."""
-
-    def __init__(self, ws: int) -> None:
-        self.ws = ws
-        lines = 0
-        self.entered = lines
-        lines += ws
-        self.ident = lines  # [pid, pid-namespace inode]
-        lines += ws
-        self.barrier = lines
-        lines += CHANNELS * ws
-        self.signal = lines
-        lines += ws * ws
-        self.ready = lines
-        lines += ws * (ws + 1)
-        self.progress = lines  # chunk streams: chunks a rank has published in an op
-        lines += ws
-        self.consumed = lines  # chunk streams: [reader][writer] chunks read in an op
-        lines += ws * ws
-        self.words = lines * LINE_WORDS
-        self.header_bytes = -(-self.words * 8 // segment.PAGE) * segment.PAGE
-
-    def word(self, line: int) -> int:
-        return line * LINE_WORDS
 
 
 class ShmSymmMemory:
@@ -339,8 +317,3 @@ class ShmSymmMemory:
     def slot_address(self, rank: int, slot: int) -> int:
         """Address of `rank`'s buffer of `slot` in this process's mapping."""
         return self._address + self._base(rank, slot)
-
-
-def segment_bytes(world_size: int, buffer_bytes: int) -> int:
-    """The size of a segment for `world_size` ranks with buffers of `buffer_bytes`."""
-    return _Layout(world_size).header_bytes + 2 * world_size * buffer_bytes
