@@ -292,3 +292,38 @@ def test_runs_under_xdist(pytester):
     result.assert_outcomes(passed=4)
     output = result.stdout.str()
     assert "[gw0]" in output and "[gw1]" in output  # two workers, each with its own world
+
+
+def _remember() -> str | None:
+    """A plugin's record kept in a rank process: `dt_core.forget` must drop it."""
+    import dt_core
+
+    def drop() -> None:
+        os.environ.pop("DT_TEST_REMEMBERED", None)
+
+    dt_core.on_forget(drop)
+    before = os.environ.get("DT_TEST_REMEMBERED")
+    os.environ["DT_TEST_REMEMBERED"] = "yes"
+    return before
+
+
+def test_records_from_one_task_are_forgotten_before_the_next(dist_world):
+    """What a plugin recorded in one task (dt-cp's sequence layouts, say) must not decide
+    the next task's result: the ranks call `dt_core.forget()` after every task."""
+    world = dist_world(2)
+    world.run(_remember)
+    assert world.run(_remember) == [None, None]
+
+
+def test_forget_runs_each_registered_forgetter_once() -> None:
+    import dt_core
+
+    calls: list[str] = []
+
+    def drop() -> None:
+        calls.append("dropped")
+
+    dt_core.on_forget(drop)
+    dt_core.on_forget(drop)
+    dt_core.forget()
+    assert calls == ["dropped"]

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .hookspecs import HOOK_API_VERSION, hookimpl
     from .inactive_notes import explain, explain_errors
     from .records import PluginInfo
+    from .remembered import forget, on_forget
 
 # public name -> the dt_core module that defines it
 _HOME = {
@@ -65,6 +66,7 @@ _HOME = {
     **dict.fromkeys(("explain", "explain_errors"), "inactive_notes"),
     **dict.fromkeys(("HOOK_API_VERSION", "hookimpl"), "hookspecs"),
     "PluginInfo": "records",
+    **dict.fromkeys(("forget", "on_forget"), "remembered"),
 }
 
 
@@ -94,8 +96,10 @@ __all__ = [
     "deactivate",
     "explain",
     "explain_errors",
+    "forget",
     "hookimpl",
     "is_active",
+    "on_forget",
     "plugins",
     "register_plugin",
     "unregister_plugin",

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .config import ALGORITHMS, LOAD_BALANCERS, Settings, configure, current, reset, settings
     from .flex import create_block_mask, flex_attention
     from .flex_hop import install_flex_rule, remove_flex_rule
+    from .records import LayoutMismatchError, forget_layouts
     from .sharding import shard_sequence, unshard_sequence
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ _LAZY = {
     ),
     **dict.fromkeys(("shard_sequence", "unshard_sequence"), "sharding"),
     **dict.fromkeys(("install_flex_rule", "remove_flex_rule"), "flex_hop"),
+    **dict.fromkeys(("LayoutMismatchError", "forget_layouts"), "records"),
     **dict.fromkeys(("flex_attention", "create_block_mask"), "flex"),
 }
 
@@ -42,10 +44,12 @@ def __dir__() -> list[str]:
 __all__ = [
     "ALGORITHMS",
     "LOAD_BALANCERS",
+    "LayoutMismatchError",
     "Settings",
     "configure",
     "create_block_mask",
     "flex_attention",
+    "forget_layouts",
     "install_flex_rule",
     "remove_flex_rule",
     "shard_sequence",

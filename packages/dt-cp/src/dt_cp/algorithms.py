@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import blocks
+from . import blocks, records
 from .blocks import (
     KV,
     Accumulator,
@@ -48,8 +48,11 @@ from .layout import Range, Shards
 
 
 def _gather(shards: Shards, kv: KV) -> KV:
-    sizes = shards.kv_layout.sizes()
-    return KV(*(torch.ops.dt_cp.all_gather_seq(t.contiguous(), 2, sizes, shards.group) for t in kv))
+    """K and V whole; the gather carries the layout, checked each time a compiled graph
+    runs (`records.check_traced`)."""
+    sizes, layout = shards.kv_layout.sizes(), records.encode(shards.kv_layout)
+    gather = torch.ops.dt_cp.all_gather_seq
+    return KV(*(gather(t.contiguous(), 2, sizes, shards.group, layout) for t in kv))
 
 
 # --- all-gather, as one traceable computation -------------------------------------------

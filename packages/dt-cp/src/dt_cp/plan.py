@@ -21,6 +21,7 @@ from dt_core.tracing import is_tracing, simulates_ranks
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
+from . import records
 from .config import current
 from .layout import SequenceLayout, Shards
 from .torch_cp import (
@@ -151,6 +152,9 @@ def make_plan(q: object, k: object, v: object, mask: object = None) -> CpPlan:
         kv_layout = SequenceLayout(
             k.shape[SEQ_DIM], parts, settings.load_balancer, settings.documents
         )
+        # the settings' order against what shard_sequence recorded: never a silent guess
+        records.check(mesh, cp, q_layout, "attention's query")
+        records.check(mesh, cp, kv_layout, "attention's key and value")
         algorithm: str = settings.algorithm
     else:
         check_settings_agree(torch_state, settings)

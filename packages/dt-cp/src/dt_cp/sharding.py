@@ -8,6 +8,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 
+from . import records
 from .config import LOAD_BALANCERS, current
 from .layout import SequenceLayout
 
@@ -57,11 +58,15 @@ def shard_sequence(
     `load_balancer` ("none", "head_tail", "document") and `documents` (document lengths
     of a packed sequence, for "document") default to the settings in force; attention
     must run under the same settings, which is how it knows which global positions each
-    rank holds. Call it on every rank with the same full tensor, as `distribute_tensor`.
+    rank holds. The layout is recorded (`records.py`): attention and `unshard_sequence`
+    under other settings raise `LayoutMismatchError` naming both, never compute in the
+    wrong order. Call it on every rank with the same full tensor, as `distribute_tensor`.
     """
     seq_dim = seq_dim % t.dim()
     layout = _layout(t.shape[seq_dim], mesh.size(mesh_dim), load_balancer, documents)
     _check_torch_agrees(layout)
+    # attention checks the order it reads against this record
+    records.record(mesh, mesh_dim % mesh.ndim, layout)
     if layout.balancer != "none":
         t = t.index_select(seq_dim, layout.permutation(t.device))
     placements: list[Placement] = [Replicate()] * mesh.ndim
@@ -80,6 +85,7 @@ def unshard_sequence(
     seq_dim = seq_dim % t.dim()
     full = t.full_tensor()
     layout = _layout(full.shape[seq_dim], t.device_mesh.size(mesh_dim), load_balancer, documents)
+    records.check(t.device_mesh, mesh_dim % t.device_mesh.ndim, layout, "unshard_sequence")
     if layout.balancer == "none":
         return full
     inverse = torch.argsort(layout.permutation(full.device))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +75,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             size = _ranks_args(*marker.args, **marker.kwargs)[0][0]
         if size > ONCE_ABOVE_RANKS:
             item.add_marker(pytest.mark.ci_once)
+
+
+@pytest.fixture(autouse=True)
+def _forget_plugin_records() -> Iterator[None]:
+    """What plugins recorded during a test (`dt_core.forget`) is not the next test's: in
+    this process (simulated ranks) as in the rank processes, which forget after each task."""
+    yield
+    from dt_core.remembered import forget
+
+    forget()
 
 
 @pytest.fixture

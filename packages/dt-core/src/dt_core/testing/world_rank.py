@@ -52,6 +52,7 @@ def rank_main(
         _exit(1)
     _reply(conn, "ok", None, True)
     from dt_core.compat.process_groups import collective_counts
+    from dt_core.remembered import forget
 
     while True:
         try:
@@ -65,6 +66,7 @@ def rank_main(
         except BaseException as exc:  # noqa: BLE001 - pytest.fail/skip raise BaseException too
             status, value = "error", _rank_error(exc, in_task=True)
         _flush()  # the test's prints belong in this test's captured output, not a later one's
+        forget()  # what plugins recorded in this task is not the next task's
         # A task that destroyed the default group leaves a rank later tasks can't use.
         _reply(conn, status, value, dist.is_initialized(), collective_counts())
 
