@@ -138,6 +138,21 @@ def rs_cases(world: int) -> list[tuple]:
     return cases
 
 
+# Shards without rows (or columns): empty results shaped as torch's, along every path (the
+# kernels once inferred a size from an empty tensor and raised a reshape error).
+EMPTY_AG = [
+    ((0, 5), 0, 2, torch.float32, True, 990),
+    ((2, 0, 4), 1, 1, torch.bfloat16, False, 991),
+    ((2, 0, 4), 0, 1, torch.float32, True, 992),
+    ((0, 3), 1, 1, torch.float32, True, 993),  # along K, the last dim
+]
+EMPTY_RS = [
+    ((0, 8), 0, "sum", torch.float32, 994),
+    ((2, 0, 6), 1, "avg", torch.float32, 995),
+    ((0, 5), 1, "sum", torch.float32, 996),  # along the output columns
+]
+
+
 def check_random_floats(name: str) -> None:
     """Random (non-integer) inputs: equal to gather + matmul within torch's default
     tolerances for the dtype (chunked matmuls may round differently from one big one)."""
@@ -170,7 +185,9 @@ def run_matmul_cases() -> None:
     name = dist.group.WORLD.group_name
     world = dist.get_world_size()
     failures = [f for c in ag_cases(world, 48) if (f := check_all_gather_matmul(c, name))]
+    failures += [f for c in EMPTY_AG if (f := check_all_gather_matmul(c, name))]
     failures += [f for c in rs_cases(world) if (f := check_matmul_reduce_scatter(c, name))]
+    failures += [f for c in EMPTY_RS if (f := check_matmul_reduce_scatter(c, name))]
     failures += [f for c in rs_cases(world) if (f := check_summed_matmuls_reduce_scatter(c, name))]
     assert not failures, "\n".join(failures)
     check_random_floats(name)

@@ -76,7 +76,7 @@ def check_ag_scaled(case: tuple, name: str) -> str | None:
     for i, B in enumerate(Bs):
         want = (
             torch._scaled_mm(full_rows, B, full_scale, B_scales[i], out_dtype=out_dtype)
-            .view(*lead, -1)
+            .view(*lead, B.shape[1])
             .movedim(0, gather_dim)
         )
         if not same(got[i], want):
@@ -138,6 +138,8 @@ def run_scaled_cases() -> None:
         ((2, 4, 16), 1, "tensor", torch.bfloat16, 2),
         ((2, 4, 16), 1, "row-sharded", torch.bfloat16, 1),
         ((2, 4, 16), 0, "row-replicated", torch.bfloat16, 1),
+        ((0, 16), 0, "tensor", torch.float32, 1),  # empty shards: empty results
+        ((2, 0, 16), 1, "row-sharded", torch.bfloat16, 2),
     ]
     w = world
     rs = [  # (A shape, output leading dims, scatter dim, dim after reshape, scales, op)
@@ -148,6 +150,8 @@ def run_scaled_cases() -> None:
         ((2 * w * 2, 16), (2, w * 2), 1, 0, "row", "sum"),  # TP pass: reshape -> mm -> reshape
         ((w * 2 * 3, 16), (w * 2, 3), 0, 0, "tensor", "avg"),
         ((16, 16), None, 1, 1, "row", "sum"),  # along N (square A: a transposed split fits)
+        ((0, 16), None, 0, 0, "row", "sum"),  # no rows anywhere: an empty result
+        ((2, 0, 16), None, 1, 1, "tensor", "avg"),
     ]
     failures = [f for c in ag if (f := check_ag_scaled(c, name))]
     failures += [f for c in rs if (f := check_rs_scaled(c, name))]

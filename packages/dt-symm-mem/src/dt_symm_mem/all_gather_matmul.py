@@ -49,8 +49,8 @@ def _all_gather_mm_rows(
     outs = [A_full] + [None] * len(extra_shards)
     all_gather_consume(group, [A_flat, *extra_shards], consume, outs)
 
-    def unflatten(t: torch.Tensor) -> torch.Tensor:
-        return t.view(*leading, -1).flatten(0, 1).movedim(0, gather_dim)
+    def unflatten(t: torch.Tensor) -> torch.Tensor:  # the last size given: shards may be empty
+        return t.view(*leading, t.shape[-1]).flatten(0, 1).movedim(0, gather_dim)
 
     A = unflatten(A_full.flatten(0, 1)) if A_full is not None else None
     return A, [unflatten(out) for out in outputs]
@@ -116,8 +116,11 @@ def _all_gather_matmul_last_dim(
     all_gather_consume(group, [A_flat], consume, [A_full])
     A = None
     if A_full is not None:
-        A = torch.cat(list(A_full.unbind(0)), dim=-1).view(*leading, -1)
-    results = [out.to(B.dtype).view(*leading, -1) for out, B in zip(outputs, Bs, strict=True)]
+        A = torch.cat(list(A_full.unbind(0)), dim=-1).view(*leading, world * k)
+    # explicit sizes, not -1: an empty shard (no rows) has no size to infer
+    results = [
+        out.to(B.dtype).view(*leading, B.shape[1]) for out, B in zip(outputs, Bs, strict=True)
+    ]
     return A, results
 
 

@@ -77,7 +77,7 @@ def _matmuls_reduce_scatter(
         chunk = (flats[0].shape[0], B.shape[1] // world)
         producer = _summed_products(column_pieces, chunk, A.dtype)
         reduced = produce_reduce_scatter(group, chunk, A.dtype, producer, reduce_op)
-        return _standard_contiguous(reduced.view(*A.shape[:-1], -1))
+        return _standard_contiguous(reduced.view(*A.shape[:-1], reduced.shape[-1]))
     x = A.movedim(scatter_dim, 0)
     leading = [world, *x.shape[:-1]]
     leading[1] //= world
@@ -89,7 +89,9 @@ def _matmuls_reduce_scatter(
     chunk = (row_chunks[0][0].shape[0], B.shape[1])
     producer = _summed_products(row_pieces, chunk, A.dtype)
     reduced = produce_reduce_scatter(group, chunk, A.dtype, producer, reduce_op)
-    return _standard_contiguous(reduced.view(*leading[1:], -1).movedim(0, scatter_dim))
+    return _standard_contiguous(
+        reduced.view(*leading[1:], reduced.shape[-1]).movedim(0, scatter_dim)
+    )
 
 
 def _summed_products(
@@ -158,7 +160,7 @@ def fused_scaled_matmul_reduce_scatter(
     group = resolve_group(group_name)
     world = group.size()
     k = A.shape[-1]
-    rowwise = A_scale.numel() > 1
+    rowwise = A_scale.numel() != 1  # one scale is tensor-wise (torch); none: empty rows
 
     def scaled_mm(a: torch.Tensor, b: torch.Tensor, a_s: torch.Tensor, b_s: Any, bias_: Any):
         return torch._scaled_mm(
@@ -186,7 +188,7 @@ def fused_scaled_matmul_reduce_scatter(
 
         chunk = (A_rows.shape[0], B.shape[1] // world)
         reduced = produce_reduce_scatter(group, chunk, dtype or A.dtype, produce_cols, reduce_op)
-        return _standard_contiguous(reduced.view(*lead, -1))
+        return _standard_contiguous(reduced.view(*lead, reduced.shape[-1]))
     _check_divisible(lead[dim], world, f"output_shape[{dim}]")
     x = A.reshape(*lead, k).movedim(dim, 0)
     rows = x.flatten(0, -2).chunk(world)
@@ -202,4 +204,4 @@ def fused_scaled_matmul_reduce_scatter(
     reduced = produce_reduce_scatter(group, chunk, dtype or A.dtype, produce, reduce_op)
     leading = [*x.shape[:-1]]
     leading[0] //= world
-    return _standard_contiguous(reduced.view(*leading, -1).movedim(0, dim))
+    return _standard_contiguous(reduced.view(*leading, reduced.shape[-1]).movedim(0, dim))

@@ -43,7 +43,9 @@ def _rows_scaled_mm(
     A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor, **kw: Any
 ) -> torch.Tensor:
     """_scaled_mm over A's leading dims (row-wise scales follow A's rows)."""
-    scale = A_scale.flatten(0, -2) if A_scale.numel() > 1 else A_scale
+    # one scale: tensor-wise, as torch reads it; any other count (none, for an empty
+    # shard) is row-wise
+    scale = A_scale.flatten(0, -2) if A_scale.numel() != 1 else A_scale
     flat = torch._scaled_mm(A.flatten(0, -2).contiguous(), B, scale.contiguous(), B_scale, **kw)
     return flat.unflatten(0, A.shape[:-1])
 
