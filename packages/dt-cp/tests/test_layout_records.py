@@ -166,6 +166,21 @@ def test_a_compiled_attention_checks_its_traced_layout_at_every_call() -> None:
             other = [dt_cp.shard_sequence(t, mesh, 2) for t in (q, k, v)]
             with pytest.raises(dt_cp.LayoutMismatchError, match="traced with load_balancer"):
                 compiled(*other)
+    # another length recompiles with the length a symbol (dynamic shapes): exact; then a
+    # plain layout at a third length either compiles anew (exact) or meets the traced
+    # check, never a result in the wrong order
+    q2, k2, v2 = (t[:, :, :40] for t in (q, k, v))
+    with dt_cp.settings(load_balancer="head_tail"):
+        balanced = [dt_cp.shard_sequence(t, mesh, 2) for t in (q2, k2, v2)]
+        got = dt_cp.unshard_sequence(compiled(*balanced), 2)
+    torch.testing.assert_close(got, _causal(q2, k2, v2), atol=1e-12, rtol=0)
+    q3, k3, v3 = (t[:, :, :48] for t in (q, k, v))
+    try:
+        out = compiled(*(dt_cp.shard_sequence(t, mesh, 2) for t in (q3, k3, v3)))
+    except dt_cp.LayoutMismatchError as error:
+        assert "traced with load_balancer='head_tail'" in str(error)
+    else:
+        torch.testing.assert_close(out.full_tensor(), _causal(q3, k3, v3), atol=1e-12, rtol=0)
     # traced again for the new layout: exact
     torch._dynamo.reset()
     dt_cp.forget_layouts()
