@@ -166,6 +166,8 @@ def fused_all_gather_scaled_matmul(
         replicated = A_scale.movedim(gather_dim, 0).flatten(0, -2).chunk(world)
 
     def mm(i: int, a: torch.Tensor, more: list[torch.Tensor], src: int, out: torch.Tensor):
+        if out.numel() == 0:  # a peer without rows: nothing to multiply, on any torch
+            return
         if mode == "row-sharded":
             scale = more[0].contiguous()
         elif mode == "row-replicated":

@@ -183,6 +183,8 @@ def fused_scaled_matmul_reduce_scatter(
         biases = bias.chunk(world, dim=-1) if bias is not None else [None] * world
 
         def produce_cols(dest: int, out: torch.Tensor) -> None:
+            if out.numel() == 0:  # no rows: nothing to multiply, on any torch
+                return
             b_s = B_scales[dest].contiguous()
             out.copy_(scaled_mm(A_rows, B_cols[dest], a_scale, b_s, biases[dest]))
 
@@ -198,6 +200,8 @@ def fused_scaled_matmul_reduce_scatter(
         scales = [A_scale] * world
 
     def produce(dest: int, out: torch.Tensor) -> None:
+        if out.numel() == 0:  # no rows: nothing to multiply, on any torch
+            return
         out.copy_(scaled_mm(rows[dest], B, scales[dest], B_scale, bias))
 
     chunk = (rows[0].shape[0], B.shape[1])

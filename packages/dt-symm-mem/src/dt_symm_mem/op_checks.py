@@ -91,7 +91,7 @@ def _check_scaled_inputs(
             f"dt-symm-mem: {op} on CPU needs float8 A and B (torch's CPU _scaled_mm supports "
             f"only float8 operands with tensor-wise or row-wise float32 scales); got {bad}"
         )
-    if any(s.numel() > 1 for s in scales) and not compat.cpu_scaled_mm_takes_row_scales():
+    if any(s.numel() != 1 for s in scales) and not compat.cpu_scaled_mm_takes_row_scales():
         raise NotImplementedError(
             f"dt-symm-mem: {op} on CPU with row-wise scales needs row-wise scaling in "
             f"torch's CPU _scaled_mm, which torch {torch.__version__} lacks (it takes "
