@@ -23,6 +23,7 @@ from dt_symm_mem.op_checks import (
     _check_summed_terms,
     _standard_contiguous,
     resolve_group,
+    row_wise,
 )
 
 
@@ -160,7 +161,7 @@ def fused_scaled_matmul_reduce_scatter(
     group = resolve_group(group_name)
     world = group.size()
     k = A.shape[-1]
-    rowwise = A_scale.numel() != 1  # one scale is tensor-wise (torch); none: empty rows
+    rowwise = row_wise(A_scale)
 
     def scaled_mm(a: torch.Tensor, b: torch.Tensor, a_s: torch.Tensor, b_s: Any, bias_: Any):
         return torch._scaled_mm(

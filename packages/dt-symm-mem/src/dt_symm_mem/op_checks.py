@@ -91,7 +91,7 @@ def _check_scaled_inputs(
             f"dt-symm-mem: {op} on CPU needs float8 A and B (torch's CPU _scaled_mm supports "
             f"only float8 operands with tensor-wise or row-wise float32 scales); got {bad}"
         )
-    if any(s.numel() != 1 for s in scales) and not compat.cpu_scaled_mm_takes_row_scales():
+    if any(row_wise(s) for s in scales) and not compat.cpu_scaled_mm_takes_row_scales():
         raise NotImplementedError(
             f"dt-symm-mem: {op} on CPU with row-wise scales needs row-wise scaling in "
             f"torch's CPU _scaled_mm, which torch {torch.__version__} lacks (it takes "
@@ -103,6 +103,13 @@ def _as_dtype(value: Any) -> torch.dtype | None:
     if value is None or isinstance(value, torch.dtype):
         return value
     return compat.scalar_types_to_dtypes([value])[0]
+
+
+def row_wise(scale: torch.Tensor) -> bool:
+    """Whether a float8 scale is one per row: one scale is tensor-wise, as torch reads it
+    (a one-row row-wise scale too); any other count is row-wise, none (an empty shard's)
+    included."""
+    return scale.numel() != 1
 
 
 def _scale_mode(shard: torch.Tensor, scale: torch.Tensor, gather_dim: int, world: int) -> str:

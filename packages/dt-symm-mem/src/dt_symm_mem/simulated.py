@@ -17,6 +17,7 @@ import torch
 from dt_core.kit import bind_arguments
 
 from dt_symm_mem import compat, ops
+from dt_symm_mem.op_checks import row_wise
 
 
 def _world(group_name: str) -> int:
@@ -43,9 +44,7 @@ def _rows_scaled_mm(
     A: torch.Tensor, B: torch.Tensor, A_scale: torch.Tensor, B_scale: torch.Tensor, **kw: Any
 ) -> torch.Tensor:
     """_scaled_mm over A's leading dims (row-wise scales follow A's rows)."""
-    # one scale: tensor-wise, as torch reads it; any other count (none, for an empty
-    # shard) is row-wise
-    scale = A_scale.flatten(0, -2) if A_scale.numel() != 1 else A_scale
+    scale = A_scale.flatten(0, -2) if row_wise(A_scale) else A_scale
     flat = torch._scaled_mm(A.flatten(0, -2).contiguous(), B, scale.contiguous(), B_scale, **kw)
     return flat.unflatten(0, A.shape[:-1])
 
