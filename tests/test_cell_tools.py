@@ -24,10 +24,19 @@ def tools(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
 
 def test_ci_scope_leaves_compile_heavy_out_and_ci_once_below_the_newest_release(tools) -> None:
     run_cell, _ = tools
-    assert run_cell.selection("ci", newest=False) == ["-m", "not compile_heavy and not ci_once"]
+    oldest = run_cell.selection("ci", newest=False, oldest=True)
+    assert oldest == ["-m", "not compile_heavy and not ci_once"]
     assert run_cell.selection("ci", newest=True) == ["-m", "not compile_heavy"]
     assert run_cell.selection("full", newest=False) == []
     assert run_cell.selection("full", newest=True) == []
+    assert run_cell.selection("full", newest=False, oldest=True) == []
+
+
+def test_ci_scope_leaves_window_ends_out_between_the_oldest_and_newest_release(tools) -> None:
+    run_cell, _ = tools
+    between = run_cell.selection("ci", newest=False, oldest=False)
+    assert between == ["-m", "not compile_heavy and not ci_once and not window_ends"]
+    assert run_cell.left_out("ci", newest=False) == ("compile_heavy", "ci_once", "window_ends")
 
 
 def test_a_cell_is_named_by_its_test_paths(tools) -> None:

@@ -12,6 +12,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+# what `import torch` pulls in, from fresh interpreters: the window's oldest and newest
+# torch bound it (.ci/run leaves it out between them)
+pytestmark = pytest.mark.window_ends
+
 HEAVY = ("torch._dynamo", "torch._inductor", "torch.distributed.tensor")
 # Plugin modules that wait for first use: front ends, and the settings modules the plugins
 # name as DT_SETTINGS (imported when the settings are listed).

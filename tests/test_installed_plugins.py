@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +37,7 @@ def test_every_declared_plugin_is_active_together() -> None:
     # left active: every later test in this process expects the installed plugins on
 
 
+@pytest.mark.window_ends  # the CLI in a fresh interpreter: the window's ends
 def test_dt_plugins_check_passes_with_everything_installed() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "dt_core.cli", "check"], capture_output=True, text=True

@@ -2,12 +2,15 @@
 
 Every cell runs every test, except when `DT_TEST_SCOPE=ci` (what `.ci/run` sets, to fit
 its 90 minutes on 2 cores): then every cell deselects the tests marked `compile_heavy`
-(their cost is Inductor compiling what another test checks exactly), and the cells of
-every torch axis but the window's newest (hatch.toml marks it with `DT_TORCH_NEWEST=1`)
-also those marked `ci_once` (what they check does not differ between releases, or they
-are the larger twin of a case every release runs). So each release still runs every
-package's exactness tests, eager and compiled. pytest prints how many it deselected.
-The forge workflow runs every test on every release.
+(their cost is Inductor compiling what another test checks exactly); the cells of every
+torch axis but the window's newest (hatch.toml marks it with `DT_TORCH_NEWEST=1`) also
+those marked `ci_once` (what they check does not differ between releases, or they are
+the larger twin of a case every release runs); and the cells of the axes between the
+window's oldest (`DT_TORCH_OLDEST=1`) and newest also those marked `window_ends` (the
+project's own machinery seen through fresh interpreters: autoload, the CLI, the docs'
+examples, the harness; what torch changes under them shows at the window's ends). So
+each release still runs every package's exactness tests, eager and compiled. pytest
+prints how many it deselected. The forge workflow runs every test on every release.
 """
 
 from __future__ import annotations
@@ -23,19 +26,22 @@ RESULTS = ROOT / "build" / "test-results"
 
 FORGE_ONLY = ("compile_heavy",)
 NEWEST_ONLY = ("ci_once",)
+ENDS_ONLY = ("window_ends",)
 
 
-def left_out(scope: str, newest: bool) -> tuple[str, ...]:
+def left_out(scope: str, newest: bool, oldest: bool = False) -> tuple[str, ...]:
     """The markers whose tests a cell leaves out for `scope` ("ci" or "full") on an axis
-    that is (`newest`) or is not the newest of the window."""
+    that is the window's `newest`, its `oldest`, or neither (an axis between them)."""
     if scope != "ci":
         return ()
-    return FORGE_ONLY if newest else FORGE_ONLY + NEWEST_ONLY
+    if newest:
+        return FORGE_ONLY
+    return FORGE_ONLY + NEWEST_ONLY + (() if oldest else ENDS_ONLY)
 
 
-def selection(scope: str, newest: bool) -> list[str]:
+def selection(scope: str, newest: bool, oldest: bool = False) -> list[str]:
     """pytest arguments that leave those tests out."""
-    markers = left_out(scope, newest)
+    markers = left_out(scope, newest, oldest)
     return ["-m", " and ".join(f"not {marker}" for marker in markers)] if markers else []
 
 
@@ -73,8 +79,9 @@ def main(argv: list[str]) -> int:
         print(f"run_cell: DT_TEST_SCOPE={scope!r} is neither 'full' nor 'ci'", file=sys.stderr)
         return 2
     newest = os.environ.get("DT_TORCH_NEWEST", "1") == "1"
-    narrowed = selection(scope, newest)
-    deselected = ", ".join(left_out(scope, newest))
+    oldest = os.environ.get("DT_TORCH_OLDEST", "0") == "1"
+    narrowed = selection(scope, newest, oldest)
+    deselected = ", ".join(left_out(scope, newest, oldest))
     if narrowed:
         print(f"run_cell: CI scope: {deselected} tests deselected", flush=True)
     paths = [a for a in argv if not a.startswith("-") and Path(a).exists()]

@@ -189,6 +189,7 @@ except Exception as error:
 """
 
 
+@pytest.mark.window_ends  # the CLI in a fresh interpreter: the window's ends
 def test_check_names_a_third_party_plugins_mistakes_before_its_first_call(tmp_path: Path) -> None:
     make_plugin_dist(tmp_path, "misfit", MISFIT)
     check = "import sys; from dt_core.cli import main; sys.exit(main(['check']))"

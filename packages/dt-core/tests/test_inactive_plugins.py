@@ -184,6 +184,7 @@ def test_with_autoload_off_torchs_errors_name_the_plugins_and_activate(tmp_path:
     assert kind == "RuntimeError" and len([n for n in notes if n.startswith("dt-core:")]) == 1
 
 
+@pytest.mark.window_ends  # the CLI in a fresh interpreter: the window's ends
 def test_a_plugin_disabled_by_name_is_named_with_how_to_enable_it(tmp_path: Path) -> None:
     make_plugin_dist(tmp_path, "spatial", SPATIAL)
     result = run_python(FAILING_OPS, tmp_path, keep=("torch-gaps",), DT_PLUGINS_DISABLE="spatial")

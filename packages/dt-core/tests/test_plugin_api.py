@@ -196,6 +196,7 @@ def bad_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
+@pytest.mark.window_ends  # autoload in a fresh interpreter: the window's ends
 def test_bad_plugins_warn_once_each_at_autoload_and_others_work(bad_site: Path) -> None:
     script = CHECK_SAMPLE_ACTIVE + "\nfor n in info: print('BAD', n, info[n].state)"
     result = run_python(script, bad_site)
@@ -211,6 +212,7 @@ def test_bad_plugins_warn_once_each_at_autoload_and_others_work(bad_site: Path) 
         assert all(word in warning for word in words), warning
 
 
+@pytest.mark.window_ends  # the CLI in a fresh interpreter: the window's ends
 def test_cli_names_each_bad_plugin_and_its_fix(bad_site: Path) -> None:
     check = "import sys; from dt_core.cli import main; sys.exit(main(['check']))"
     result = run_python(check, bad_site)

@@ -113,6 +113,7 @@ def test_pass_settings_and_uuid_follow_configure() -> None:
     assert pass_uuid("fsdp-passes:bucket", bucket) == first
 
 
+@pytest.mark.window_ends  # the CLI in a fresh interpreter: the window's ends
 def test_dt_plugins_list_shows_the_passes_and_settings() -> None:
     import os
     import subprocess

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 
+@pytest.mark.window_ends  # what `import torch` pulls in: the window's ends
 def test_import_torch_leaves_torchs_symm_mem_module_unimported() -> None:
     """The kernels wait for torch's own module instead of importing it (~30 ms on every
     `import torch`); a fresh interpreter with every plugin active shows it."""

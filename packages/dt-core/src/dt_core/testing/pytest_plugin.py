@@ -36,6 +36,12 @@ _ONCE_HELP = (
     "release; it gets this marker by itself; a composed stack whose parts are checked "
     "alone); a CI running several torch releases may run it on the newest only"
 )
+_ENDS_HELP = (
+    "window_ends: the test checks the project's own machinery through fresh interpreters "
+    "(autoload, the CLI, the docs' examples, the test harness, packaging); torch matters to "
+    "it only through what it imports and its version, which the window's oldest and newest "
+    "releases bound; a CI running several torch releases may run it on those two only"
+)
 WORLD_SIZE_FIXTURE = "world_size"
 
 
@@ -43,6 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
     config.addinivalue_line("markers", _HEAVY_HELP)
     config.addinivalue_line("markers", _ONCE_HELP)
+    config.addinivalue_line("markers", _ENDS_HELP)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
