@@ -26,3 +26,14 @@ def test_ci_draws_a_fixed_sequence(monkeypatch) -> None:
     monkeypatch.setenv("DT_TEST_SCOPE", "full")
     assert not sweep_settings(5).derandomize
     assert sweep_settings(5, deadline=1000).deadline is not None  # overrides win
+
+
+def test_mesh_params_keep_the_first_shapes_on_every_release() -> None:
+    from dt_core.testing.sweeps import mesh_params
+
+    params = mesh_params([(2,), (3,), (2, 2), (8,), (4, 2)])
+    assert [p.id for p in params] == ["2", "3", "2x2", "8", "4x2"]
+    assert [p.values for p in params] == [((2,),), ((3,),), ((2, 2),), ((8,),), ((4, 2),)]
+    once = [[m.name for m in p.marks] == ["ci_once"] for p in params]
+    assert once == [False, False, False, True, True]
+    assert [bool(p.marks) for p in mesh_params([(2,), (4,)], every_release=1)] == [False, True]

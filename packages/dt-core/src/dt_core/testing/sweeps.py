@@ -49,3 +49,19 @@ def sweep_settings(budget: int, **overrides: Any) -> Any:
         options["database"] = None
     options.update(overrides)
     return settings(**options)
+
+
+def mesh_params(meshes: list[tuple[int, ...]], every_release: int = 3) -> list[Any]:
+    """pytest params for a sweep per mesh shape, with ids like "2x3": the first
+    `every_release` shapes run on every torch release; the others, larger twins of those,
+    are marked `ci_once` (a CI running several releases sweeps them on the newest only)."""
+    import pytest
+
+    return [
+        pytest.param(
+            shape,
+            id="x".join(map(str, shape)),
+            marks=[] if i < every_release else [pytest.mark.ci_once],
+        )
+        for i, shape in enumerate(meshes)
+    ]
