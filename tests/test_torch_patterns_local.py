@@ -71,7 +71,9 @@ def check(cases: Sequence[tp.Case], mesh_shape: Sequence[int], record: Any) -> N
     assert not problems, "\n".join(problems)
 
 
-MESHES = [pytest.param((2,), id="2"), pytest.param((4,), id="4")]
+# 4 simulated ranks: the larger twin of 2 and 3 (and of the 2x2 mesh), swept by CI on
+# the newest torch only
+MESHES = [pytest.param((2,), id="2"), pytest.param((4,), id="4", marks=pytest.mark.ci_once)]
 
 
 def _doubled_when_sharded(x: Any) -> Any:
@@ -175,7 +177,7 @@ def test_torch_flex_attention_front_end_names_its_limit_under_local_tensor_mode(
     assert "AssertionError" not in problems[0], problems
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.ci_once)])
 def test_tp_examples(world: int) -> None:
     """torch's test_tp_examples: colwise/rowwise MLP and attention (dt-symm-mem and dt-cp
     installed), outputs and parameter gradients of two steps equal one process. No

@@ -8,6 +8,7 @@ from dt_core.testing.sweeps import sweep_examples, sweep_settings
 
 def test_the_budget_scales_with_the_environment(monkeypatch) -> None:
     monkeypatch.delenv("DT_SWEEP_SCALE", raising=False)
+    monkeypatch.delenv("DT_TEST_SCOPE", raising=False)
     assert sweep_examples(30) == 30
     monkeypatch.setenv("DT_SWEEP_SCALE", "10")
     assert sweep_examples(30) == 300
@@ -37,3 +38,16 @@ def test_mesh_params_keep_the_first_shapes_on_every_release() -> None:
     once = [[m.name for m in p.marks] == ["ci_once"] for p in params]
     assert once == [False, False, False, True, True]
     assert [bool(p.marks) for p in mesh_params([(2,), (4,)], every_release=1)] == [False, True]
+
+
+def test_ci_below_the_newest_torch_draws_half_the_budget(monkeypatch) -> None:
+    monkeypatch.delenv("DT_SWEEP_SCALE", raising=False)
+    monkeypatch.setenv("DT_TEST_SCOPE", "ci")
+    monkeypatch.setenv("DT_TORCH_NEWEST", "0")
+    assert sweep_examples(30) == 15 and sweep_examples(1) == 1
+    assert sweep_settings(12).max_examples == 6
+    monkeypatch.setenv("DT_TORCH_NEWEST", "1")
+    assert sweep_examples(30) == 30
+    monkeypatch.setenv("DT_TEST_SCOPE", "full")
+    monkeypatch.setenv("DT_TORCH_NEWEST", "0")
+    assert sweep_examples(30) == 30

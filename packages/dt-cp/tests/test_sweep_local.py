@@ -15,6 +15,7 @@ import torch
 from cp_cases import SweepCase, compare, make_qkv, sdpa, sweep
 from dt_core.kit import FallbackWarning
 from dt_core.testing import rank_values, simulated_ranks
+from dt_core.testing.sweeps import sweep_examples
 
 
 def test_sweep_simulated_ranks() -> None:
@@ -25,7 +26,7 @@ def test_sweep_simulated_ranks() -> None:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        failures = sweep(30, check, world=st.integers(2, 8))
+        failures = sweep(sweep_examples(30), check, world=st.integers(2, 8))
     fell_back = sorted({str(w.message) for w in caught if issubclass(w.category, FallbackWarning)})
     assert not fell_back, fell_back
     assert failures is None, failures

@@ -6,7 +6,9 @@
 `n * DT_SWEEP_SCALE` (default 1), no deadline (simulated ranks are slow and uneven), and a
 derandomized, fixed seed in CI's scope (`DT_TEST_SCOPE=ci`), so a CI run draws the same
 cases every time and a failure there reproduces on any machine. Outside CI the seed is
-hypothesis's own, so repeated local runs explore further.
+hypothesis's own, so repeated local runs explore further. In CI's scope on a torch axis
+below the window's newest (`DT_TORCH_NEWEST=0`, hatch.toml's test matrix) a sweep draws
+half its budget: the first half of the newest axis's fixed sequence.
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ def sweep_scale() -> int:
 
 
 def sweep_examples(budget: int) -> int:
-    """`budget` examples (what CI draws) times `DT_SWEEP_SCALE`."""
+    """`budget` examples (what CI draws) times `DT_SWEEP_SCALE`; half of them in CI's
+    scope below the window's newest torch (see the module)."""
+    below_newest = os.environ.get("DT_TORCH_NEWEST") == "0"
+    if os.environ.get("DT_TEST_SCOPE") == "ci" and below_newest:
+        budget = max(1, budget // 2)
     return budget * sweep_scale()
 
 
