@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from dt_core import GraphPass, LibraryOps, OpHandler, hookimpl
+from dt_core import GraphPass, LibraryOps, OpHandler, Patch, hookimpl
 
 from dt_conv.handled_ops import HANDLED, NORM_FAMILIES, UPSAMPLE
 
@@ -167,3 +167,14 @@ def dt_graph_passes() -> list[GraphPass]:
             source_files=[source],
         )
     ]
+
+
+@hookimpl
+def dt_patches() -> list[Patch]:
+    """Inductor on torch 2.11 / 2.12 writes CPU kernels that do not compile for the halo
+    assembly of a graph compiled with dynamic sizes (an indirect index tiled as a
+    transposed block); the patch keeps such indices out of that tiling where Inductor
+    does not already (`compat.indirect_transpose_patch`)."""
+    from dt_conv.compat import indirect_transpose_patch
+
+    return [indirect_transpose_patch()]
