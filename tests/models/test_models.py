@@ -7,7 +7,9 @@ process: the output, the input's gradient, every parameter's gradient, every buf
 (BatchNorm's running statistics) and the parameters after the step. The forward's
 collectives are counted: only halos (all-to-all) and normalization statistics
 (all-gather) may run, no plugin may fall back to replicated inputs, and a dense model's
-output keeps the input's spatial shard.
+output keeps the input's spatial shard. One test composes the spatial shards with torch's
+FSDP2 (`fully_shard` over a second mesh dim) and saves and loads the trained model with
+torch.distributed.checkpoint.
 
 These need MONAI, torchvision, timm and diffusers, so they run in an environment of their
 own: `hatch run models:run` (torch 2.14.1 with the model libraries pinned to it).
@@ -226,3 +228,89 @@ def test_model_trains_exactly_compiled(kind: str) -> None:
     found = train_and_compare(kind, (2,), [Shard(2)], backend="aot_eager")
     if kind in DENSE:
         assert found["placements"] == [(Shard(2),)], found
+
+
+def _fsdp_x_spatial_unet(mesh: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """MONAI's 3-D UNet (instance norm: per-sample statistics, so a batch split over "dp"
+    normalizes as one process does) with its parameters replicated on "sp" and then
+    sharded by FSDP2 over "dp"; and the same model on one process."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import distribute_module
+
+    reference, _ = build("monai-instance")
+    reference = reference.double().train()
+    sharded = copy.deepcopy(reference)
+    distribute_module(sharded, mesh["sp"])
+    fully_shard(sharded, mesh=mesh["dp"])
+    return reference, sharded
+
+
+@pytest.mark.ranks(4, timeout=900)
+def test_monai_unet_under_fully_shard_trains_and_round_trips_through_dcp(tmp_path: Any) -> None:
+    """The batch split over "dp" with FSDP2's `fully_shard`, each half's volume sharded on
+    a spatial dim over "sp" (2 x 2 ranks): STEPS train steps equal one process's (outputs,
+    input gradients, every parameter's gradient and value); then the sharded model's state
+    is saved with torch.distributed.checkpoint and loaded into a newly built sharded model,
+    whose parameters and output equal the one-process model's."""
+    import torch.distributed.checkpoint as dcp
+    from dt_core.testing import cpu_mesh
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = cpu_mesh((2, 2), ("dp", "sp"))
+    dp = mesh["dp"].get_local_rank()
+    reference, sharded = _fsdp_x_spatial_unet(mesh)
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=LR)
+    opt = torch.optim.SGD(sharded.parameters(), lr=LR)
+    gen = torch.Generator().manual_seed(1)
+
+    def compare_parameters(model: torch.nn.Module, what: str) -> None:
+        ref_params = dict(reference.named_parameters())
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(
+                _plain(p).detach(), ref_params[name].detach(), **TOL, msg=f"{what} {name}"
+            )
+
+    for step in range(STEPS):
+        x = torch.randn((4, 1, 16, 16, 16), generator=gen, dtype=torch.float64)
+        xr = x.clone().requires_grad_()
+        # this dp rank's half of the batch, its rows sharded over "sp"
+        xd = distribute_tensor(x.chunk(2)[dp], mesh["sp"], [Shard(2)]).requires_grad_()
+        y = sharded(xd)
+        assert tuple(y.placements) == (Shard(2),), y.placements
+        # each half's mean: FSDP averages the two halves' gradients, which is the
+        # gradient of the whole batch's mean
+        y.pow(2).mean().backward()
+        yr = reference(xr)
+        yr.pow(2).mean().backward()
+        torch.testing.assert_close(_plain(y).detach(), yr.chunk(2)[dp].detach(), **TOL)
+        # a half's mean weighs its inputs twice as much as the whole batch's mean does
+        torch.testing.assert_close(_plain(xd.grad), 2 * xr.grad.chunk(2)[dp], **TOL)
+        ref_params = dict(reference.named_parameters())
+        for name, p in sharded.named_parameters():
+            assert p.placements == (Shard(0), Replicate()), (name, p.placements)
+            torch.testing.assert_close(
+                _plain(p.grad), ref_params[name].grad, **TOL, msg=f"step {step} grad {name}"
+            )
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+        compare_parameters(sharded, f"step {step} param")
+
+    checkpoint = str(tmp_path / "unet-checkpoint")
+    dcp.save(get_model_state_dict(sharded), checkpoint_id=checkpoint)
+    _, loaded = _fsdp_x_spatial_unet(mesh)  # the initial weights, not the trained ones
+    with pytest.raises(AssertionError):
+        compare_parameters(loaded, "before loading")
+    state = get_model_state_dict(loaded)
+    dcp.load(state, checkpoint_id=checkpoint)
+    set_model_state_dict(loaded, state)
+    compare_parameters(loaded, "loaded")
+    x = torch.randn((4, 1, 16, 16, 16), generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        y = loaded(distribute_tensor(x.chunk(2)[dp], mesh["sp"], [Shard(2)]))
+        torch.testing.assert_close(_plain(y), reference(x).chunk(2)[dp], **TOL)
