@@ -35,7 +35,10 @@ Snapshot = dict[str, dict[Any, Any]]
 
 
 def snapshot(patches: Iterable[Patch] = ()) -> Snapshot:
-    """Every table dt-core installs into, copied (values are the live objects)."""
+    """Every table dt-core installs into, copied (values are the live objects). The
+    patches' targets are read first: importing one (Inductor's C++ code generation, say)
+    registers torch's own rules, which must not read as something a plugin left."""
+    patched = {patch.claim(): getattr(patch_target(patch), patch.attribute) for patch in patches}
     strategies, schema_infos = sharding_rules.strategy_tables("strategy")
     rules, _ = sharding_rules.strategy_tables("rule")
     config = inductor_passes.inductor_config()
@@ -59,9 +62,7 @@ def snapshot(patches: Iterable[Patch] = ()) -> Snapshot:
             **{s: getattr(config, s) for s in inductor_passes.STAGE_SETTINGS.values()},
         },
         "local tensor rules": local_tensor.mode_rules(),
-        "patched attributes": {
-            patch.claim(): getattr(patch_target(patch), patch.attribute) for patch in patches
-        },
+        "patched attributes": patched,
     }
 
 
