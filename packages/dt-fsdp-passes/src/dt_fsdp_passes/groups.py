@@ -6,12 +6,16 @@ does, and a TP matmul -> reduce-scatter looks like a gradient reduce-scatter. Th
 bucket only collectives on groups simple_fsdp registered (FSDP shard dims; HSDP
 replicate dims for the gradient all-reduce) and leave the rest to the passes meant for
 them (dt-symm-mem's collective-matmul fusion). The sets are part of the passes'
-settings, hence of their cache key.
+settings, hence of their cache key. They are records of earlier calls: `dt_core.forget()`
+drops them (the test harness does after every test), so a group FSDP once sharded over
+does not make a later tensor-parallel graph on the same group read as FSDP's.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from dt_core.remembered import on_forget
 
 _fsdp: set[str] = set()  # groups of FSDP shard dims (all-gather, reduce-scatter)
 _replicate: set[str] = set()  # groups of HSDP replicate dims (gradient all-reduce)
@@ -40,3 +44,10 @@ def is_replicate_group(group_name: str) -> bool:
 
 def as_dict() -> dict[str, list[str]]:
     return {"fsdp_groups": sorted(_fsdp), "replicate_groups": sorted(_replicate)}
+
+
+@on_forget
+def forget_groups() -> None:
+    """Forget every group registered so far (`dt_core.forget()`)."""
+    _fsdp.clear()
+    _replicate.clear()
