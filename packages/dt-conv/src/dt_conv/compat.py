@@ -25,12 +25,6 @@ CHECKED_WITH_TORCH = ">=2.11.0,<2.16"
 TILE_2D_KERNEL = "torch._inductor.codegen.cpp:CppTile2DKernel"
 
 
-def _has_indirect_variable(index: Any) -> bool:
-    from torch.utils._sympy.symbol import SymT, free_symbol_is_type
-
-    return bool(free_symbol_is_type(index, SymT.TMP))
-
-
 def refuses_indirect_transposes(need_vec_transpose: Callable[..., bool]) -> bool:
     """Whether Inductor's tile-2D rule (`need_vec_transpose`) already keeps an index with
     an indirect variable out of the transposed tiling: asked with an index that would be
@@ -54,9 +48,11 @@ def _keeping_indirect_indices_untransposed(
     the kernel loads any other non-contiguous one)."""
     if refuses_indirect_transposes(need_vec_transpose):
         return need_vec_transpose
+    # imported once here: the rule runs for every load and store Inductor generates
+    from torch.utils._sympy.symbol import SymT, free_symbol_is_type
 
     def keeping_indirect_untransposed(self: Any, index: Any) -> bool:
-        if _has_indirect_variable(index):
+        if free_symbol_is_type(index, SymT.TMP):
             return False
         return need_vec_transpose(self, index)
 
