@@ -1,6 +1,6 @@
 """A whole network's memory: MONAI's 3-D UNet, one training step, per-rank peak as ranks grow.
 
-    hatch run models:bench-memory [--quick] [--size 256]
+    hatch run models.2.14:bench-memory [--quick] [--size 256]
 
 MONAI `UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=(16, 32, 64, 128, 256),
 strides=(2, 2, 2, 2), num_res_units=2, norm="batch")` (the layout of MONAI's segmentation
@@ -203,7 +203,7 @@ def run(quick: bool, size: int | None = None) -> tuple[list[dict[str, Any]], lis
 
 HEADING = "## A whole network: MONAI's 3-D UNet"
 INTRO = (
-    "Written by `hatch run models:bench-memory` (tools/bench_unet_memory.py, in the models "
+    "Written by `hatch run models.2.14:bench-memory` (tools/bench_unet_memory.py, in the models "
     "environment: torch 2.14.1, MONAI 1.6.1). A MONAI 3-D UNet's training step on a volume "
     "sharded on depth, per-rank peak as ranks grow, counted as in the per-package memory "
     "benchmarks above; the floor is the same model run alone on one rank's slab (plus its "

@@ -8,7 +8,7 @@ installed once. hatch records that an environment's dependencies were synced per
 environment *name*, outside the project, and trusts that record while the folder exists.
 When the folder is removed (.ci/run removes each axis's environment once its tests pass) and
 created again under another name, the record still reads "synced": on a CI machine that
-keeps hatch's data between runs, `hatch run models:run` then found no monai. Each script of
+keeps hatch's data between runs, `hatch run models.2.14:run` then found no monai. Each script of
 a shared environment therefore starts here: the environment's dependencies as hatch
 resolves them (`hatch env show --json`, matrix overrides applied), checked against what is
 installed, and installed with pip when any is missing or at another version (torch stays

@@ -11,8 +11,9 @@ output keeps the input's spatial shard. One test composes the spatial shards wit
 FSDP2 (`fully_shard` over a second mesh dim) and saves and loads the trained model with
 torch.distributed.checkpoint.
 
-These need MONAI, torchvision, timm and diffusers, so they run in an environment of their
-own: `hatch run models:run` (torch 2.14.1 with the model libraries pinned to it).
+These need MONAI, torchvision, timm and diffusers, so they run in environments of their
+own: `hatch run models:run` (every torch of the window, the model libraries pinned to
+releases that keep it; conftest.py says which models an axis cannot build).
 """
 
 from __future__ import annotations
