@@ -27,6 +27,9 @@ from pathlib import Path
 
 import tomllib
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sync_env import unsatisfied  # noqa: E402  (a sibling script, not an installed module)
+
 ROOT = Path(__file__).resolve().parent.parent
 GROUPS = ("torch.backends", "dt.plugins", "pytest11")  # the entry points the run relies on
 
@@ -140,17 +143,12 @@ def _missing_requirements(projects: set[str]) -> dict[str, str]:
     for dist in visible_distributions(projects):
         for text in dist.requires or []:
             req = Requirement(text)
-            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            problem = unsatisfied(req)
+            if problem is None:
                 continue
-            try:
-                version = md.version(req.name)
-            except md.PackageNotFoundError:
-                missing[normalize(req.name)] = f"{req} (for {dist.name}): not installed"
-                continue
-            if normalize(req.name) == "torch":
+            if normalize(req.name) == "torch" and problem != "not installed":
                 continue  # the machine's torch is what is checked, never replaced
-            if not req.specifier.contains(version, prereleases=True):
-                missing[normalize(req.name)] = f"{req} (for {dist.name}): {version} installed"
+            missing[normalize(req.name)] = f"{req} (for {dist.name}): {problem}"
     return missing
 
 
