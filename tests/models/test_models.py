@@ -12,8 +12,8 @@ FSDP2 (`fully_shard` over a second mesh dim) and saves and loads the trained mod
 torch.distributed.checkpoint.
 
 These need MONAI, torchvision, timm and diffusers, so they run in environments of their
-own: `hatch run models:run` (torch 2.12 to 2.15, the model libraries pinned to
-releases that keep it; conftest.py says which models an axis cannot build).
+own: `hatch run models:run` (torch 2.11 to 2.15, the model libraries pinned to
+releases that keep it; conftest.py says which models an axis cannot build or run).
 """
 
 from __future__ import annotations

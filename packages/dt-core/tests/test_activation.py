@@ -286,7 +286,7 @@ def test_patches_named_by_module_wait_for_its_import() -> None:
 
 def test_torch_gaps_fills_only_what_torch_lacks_and_takes_it_out_again(core) -> None:
     """dt-core's torch-gaps plugin: only ops torch's own tables lack (from 2.13 on, only
-    PReLU's backward, which no torch of the window has);
+    PReLU's forward and backward, which no torch of the window registers);
     with one of torch's interpolation strategies taken away (as torch 2.12 lacks it), the
     plugin fills it, the op then runs exact on DTensors, and deactivate removes it."""
     from dt_core import torch_gaps
@@ -298,9 +298,10 @@ def test_torch_gaps_fills_only_what_torch_lacks_and_takes_it_out_again(core) -> 
     # each one torch lacks, or one it registers without a cache key (2.11's constant pad)
     assert all(not has_sharding_entry(op) or lacks_cache_key(op) for op in filled)
     bilinear_backward = torch.ops.aten.upsample_bilinear2d_backward.default
-    assert torch.ops.aten._prelu_kernel_backward.default in filled
+    prelu = [torch.ops.aten._prelu_kernel.default, torch.ops.aten._prelu_kernel_backward.default]
+    assert all(op in filled for op in prelu)
     if has_sharding_entry(bilinear_backward):  # a torch with every older piece (2.13 on)
-        assert filled == [torch.ops.aten._prelu_kernel_backward.default]
+        assert filled == prelu
     else:
         assert bilinear_backward in filled  # 2.11, 2.12
     op = torch.ops.aten.upsample_nearest2d_backward.default
@@ -382,15 +383,18 @@ def test_two_handlers_that_take_every_call_still_conflict(core) -> None:
 
 
 @pytest.mark.parametrize("parameters", [1, 4])
-def test_prelu_backward_keeps_every_shard(parameters: int) -> None:
+def test_prelu_keeps_every_shard(parameters: int) -> None:
     """PReLU forward and backward on inputs sharded along batch, channels or rows (2
-    simulated ranks) against one process: the gradients of input and weight match, and
-    the input's gradient keeps the input's placement (torch alone raises: no strategy)."""
+    simulated ranks) against one process: output and the gradients of input and weight
+    match, output and input gradient keep the input's placement, and the forward moves
+    nothing (torch alone raises in the backward: no strategy; torch 2.11 gathers the
+    input in the forward)."""
     import copy
 
     from dt_core.testing import rank_values, simulated_ranks
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
 
     gen = torch.Generator().manual_seed(parameters)
     x = torch.randn(2, 4, 6, 5, generator=gen, dtype=torch.float64)
@@ -405,11 +409,16 @@ def test_prelu_backward_keeps_every_shard(parameters: int) -> None:
             sharded = copy.deepcopy(layer)
             distribute_module(sharded, mesh)
             xd = distribute_tensor(x, mesh, [placement]).requires_grad_()
-            (sharded(xd) ** 2).sum().backward()
+            with CommDebugMode() as comms:
+                out = sharded(xd)
+            assert comms.get_total_counts() == 0, comms.get_comm_counts()
+            assert out.placements == (placement,)
+            (out**2).sum().backward()
             assert xd.grad.placements == (placement,)
-            grads = (xd.grad.full_tensor(), sharded.weight.grad.full_tensor())
+            tensors = (out.full_tensor(), xd.grad.full_tensor(), sharded.weight.grad.full_tensor())
             with mode.disable():
-                got = [rank_values(g, 2) for g in grads]
+                got = [rank_values(t, 2) for t in tensors]
         for rank in range(2):
-            torch.testing.assert_close(got[0][rank], xr.grad)
-            torch.testing.assert_close(got[1][rank], ref.weight.grad)
+            torch.testing.assert_close(got[0][rank], ref(x))
+            torch.testing.assert_close(got[1][rank], xr.grad)
+            torch.testing.assert_close(got[2][rank], ref.weight.grad)

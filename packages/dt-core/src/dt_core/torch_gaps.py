@@ -3,7 +3,8 @@ one has, filled in as the newer one does, and only where this torch lacks it.
 
 Listed by `dt-plugins list` like any plugin and installed through the same path, so
 `deactivate()` takes it out again. On a torch that has every piece (2.13 on) it
-contributes nothing; on 2.11 and 2.12 it fills what the plugins would otherwise miss.
+contributes only what no torch of the window registers (PReLU's, below); on 2.11 and
+2.12 it fills what the plugins would otherwise miss.
 Each piece is found by looking at torch's tables, never by version number:
 
 - a sharding strategy for `aten.detach_` (torch has one from 2.13 on): on 2.11 and 2.12
@@ -23,12 +24,16 @@ Each piece is found by looking at torch's tables, never by version number:
 - `constant_pad_nd`'s strategy again, where torch registers it without a cache key
   (2.11): DTensor then gives a second pad of the same input the first pad's shape.
 
-And what no torch of the window has yet, where torch alone raises:
+And what no torch of the window registers:
 
-- a sharding strategy for `aten._prelu_kernel_backward` (PReLU's backward, MONAI's
-  default activation): element-wise, so any shard of the input stays, the weight sliced
-  along the dim it spans (channels) or replicated where it broadcasts; linear in the
-  gradient, so a pending sum passes.
+- sharding strategies for PReLU (MONAI's default activation), `aten._prelu_kernel` and
+  its backward: element-wise, so any shard of the input stays, the weight sliced along
+  the dim it spans (channels) or replicated where it broadcasts; the backward is linear
+  in the gradient, so a pending sum passes. Torch alone raises in the backward ("no
+  sharding strategy"). For the forward it derives a strategy from the op's
+  decomposition, which on 2.11 refuses every shard the weight's reshape meets and so
+  gathers the whole activation without a word (2.12 on keep the shard); one explicit
+  strategy gives every torch of the window the same answer.
 
 And where torch alone is silently wrong:
 
@@ -172,6 +177,31 @@ def flip_placements(*args: Any, **kwargs: Any) -> list[tuple[list, list]]:
     return [([p], [p, None]) for p in layouts]
 
 
+def _prelu_weight_layout(x: Any, weight: Any, d: int) -> Any:
+    """The weight's placement beside an input sharded along `d`: sharded alike along a
+    dim it spans (the channels), replicated along one it broadcasts on. The weight comes
+    shaped to broadcast from the right (`(C, 1, 1)` beside `(N, C, H, W)`)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    wd = d - (x.ndim - weight.ndim)
+    spans = wd >= 0 and weight.shape[wd] == x.shape[d] and x.shape[d] != 1
+    return Shard(wd) if spans else Replicate()
+
+
+def prelu_placements(*args: Any, **kwargs: Any) -> list[tuple[list, list]]:
+    """`_prelu_kernel(input, weight)`: element-wise, so a shard of any input dim stays on
+    the output, the weight laid out as `_prelu_weight_layout` says; not linear, so a
+    pending sum is reduced first."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    x, weight = args[0], args[1]
+    layouts: list[tuple[list, list]] = [
+        ([Shard(d)], [Shard(d), _prelu_weight_layout(x, weight, d)]) for d in range(x.ndim)
+    ]
+    layouts.append(([Replicate()], [Replicate(), Replicate()]))
+    return layouts
+
+
 def prelu_backward_placements(*args: Any, **kwargs: Any) -> list[tuple[list, list]]:
     """`_prelu_kernel_backward(grad, input, weight) -> (grad_input, grad_weight)`, both
     outputs shaped like the input: a shard of any input dim stays on the gradient, the
@@ -182,11 +212,8 @@ def prelu_backward_placements(*args: Any, **kwargs: Any) -> list[tuple[list, lis
 
     x, weight = args[1], args[2]
     layouts: list[tuple[list, list]] = []
-    offset = x.ndim - weight.ndim  # the weight broadcasts from the right
     for d in range(x.ndim):
-        wd = d - offset
-        spans = wd >= 0 and weight.shape[wd] == x.shape[d] and x.shape[d] != 1
-        w = Shard(wd) if spans else Replicate()
+        w = _prelu_weight_layout(x, weight, d)
         layouts.append(([Shard(d), Shard(d)], [Shard(d), Shard(d), w]))
     layouts.append(([Replicate(), Replicate()], [Replicate(), Replicate(), Replicate()]))
     for p in (Partial("sum"), Partial("avg")):
@@ -221,9 +248,13 @@ def dt_sharding_strategies() -> list[ShardingStrategy]:
     flip = torch.ops.aten.flip.default
     if not sharding_rules.has_sharding_entry(flip):
         gaps.append(ShardingStrategy(flip, flip_placements, kind="placements"))
-    prelu_backward = torch.ops.aten._prelu_kernel_backward.default
-    if not sharding_rules.has_sharding_entry(prelu_backward):
-        gaps.append(ShardingStrategy(prelu_backward, prelu_backward_placements, kind="placements"))
+    prelu = {
+        torch.ops.aten._prelu_kernel.default: prelu_placements,
+        torch.ops.aten._prelu_kernel_backward.default: prelu_backward_placements,
+    }
+    for op, placements in prelu.items():
+        if not sharding_rules.has_sharding_entry(op):
+            gaps.append(ShardingStrategy(op, placements, kind="placements"))
     pad = torch.ops.aten.constant_pad_nd.default
     if sharding_rules.lacks_cache_key(pad):
         gaps.append(ShardingStrategy(pad, constant_pad_placements, kind="placements"))
