@@ -19,6 +19,7 @@ releases that keep it; conftest.py says which models an axis cannot build or run
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -108,9 +109,15 @@ def train_and_compare(
     """STEPS train steps sharded and on one process; returns what the test asserts on
     (the comparisons themselves raise on the first mismatch). With `backend` the sharded
     model runs under torch.compile(fullgraph=True); its collectives are not counted (they
-    run inside the compiled code)."""
+    run inside the compiled code).
+
+    The one-process model trains on rank 0 only, which compares: every rank gathers the
+    same whole tensors, so one comparison is every rank's, and on 2 cores the other ranks'
+    copies of the reference were most of a 4-rank test's time. Rank 0 tells the others
+    what it found, so a mismatch fails every rank at once."""
     import warnings
 
+    import torch.distributed as dist
     from dt_core.kit import FallbackWarning
     from dt_core.testing import cpu_mesh
     from dt_core.testing.collectives import counting_collectives
@@ -124,6 +131,7 @@ def train_and_compare(
     opt_ref = torch.optim.SGD(reference.parameters(), lr=LR)
     opt = torch.optim.SGD(sharded.parameters(), lr=LR)
     run = sharded if backend is None else torch.compile(sharded, backend=backend, fullgraph=True)
+    checker = dist.get_rank() == 0
     found: dict[str, Any] = {"collectives": {}, "largest": {}, "placements": set()}
     gen = torch.Generator().manual_seed(1)
     for step in range(STEPS):
@@ -141,28 +149,47 @@ def train_and_compare(
                 y = forward(kind, run, xd)
             found["placements"].add(tuple(y.placements))
             y.pow(2).mean().backward()
-        yr = forward(kind, reference, xr)
-        yr.pow(2).mean().backward()
-        checks = {"output": (y, yr), "input grad": (xd.grad, xr.grad)}
+        if checker:
+            yr = forward(kind, reference, xr)
+            yr.pow(2).mean().backward()
         ref_params = dict(reference.named_parameters())
-        for name, p in sharded.named_parameters():
-            checks[f"grad {name}"] = (p.grad, ref_params[name].grad)
-        opt.step()
-        opt_ref.step()
-        opt.zero_grad()
-        opt_ref.zero_grad()
-        for name, p in sharded.named_parameters():
-            checks[f"param {name}"] = (p, ref_params[name])
         ref_buffers = dict(reference.named_buffers())
+
+        def expect(value: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+            return value().detach().clone() if checker else None
+
+        # each sharded tensor gathered whole on every rank, beside what rank 0 expects
+        whole = [
+            ("output", _plain(y).detach(), expect(lambda: yr)),
+            ("input grad", _plain(xd.grad), expect(lambda: xr.grad)),
+        ]
+        for name, p in sharded.named_parameters():
+            whole.append((f"grad {name}", _plain(p.grad), expect(lambda: ref_params[name].grad)))
+        opt.step()
+        opt.zero_grad()
+        if checker:
+            opt_ref.step()
+            opt_ref.zero_grad()
+        for name, p in sharded.named_parameters():
+            whole.append((f"param {name}", _plain(p).detach(), expect(lambda: ref_params[name])))
         for name, b in sharded.named_buffers():
-            checks[f"buffer {name}"] = (b, ref_buffers[name])
-        for what, (got, expected) in checks.items():
-            torch.testing.assert_close(
-                _plain(got).detach(),
-                expected.detach(),
-                **TOL,
-                msg=lambda m, w=what, s=step: f"{kind} step {s}, {w}: {m}",
-            )
+            whole.append((f"buffer {name}", _plain(b), expect(lambda: ref_buffers[name])))
+        mismatch = None
+        if checker:
+            try:
+                for what, got, expected in whole:
+                    torch.testing.assert_close(
+                        got,
+                        expected,
+                        **TOL,
+                        msg=lambda m, w=what, s=step: f"{kind} step {s}, {w}: {m}",
+                    )
+            except AssertionError as error:
+                mismatch = str(error)
+        told = [mismatch]
+        dist.broadcast_object_list(told, src=0)
+        if told[0] is not None:
+            raise AssertionError(told[0] if checker else f"rank 0 found: {told[0]}")
     found["placements"] = list(found["placements"])
     return found
 
