@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from tool_scripts import import_tools
 
-# what this module checks does not differ between torch releases (.ci/run: newest only)
+# what this module checks does not differ between torch releases (.ci/run: one axis only)
 pytestmark = pytest.mark.ci_once
 
 OLD, NEW = "2.13.0+cpu", "2.14.1+cu130"

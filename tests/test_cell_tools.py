@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 from tool_scripts import import_tools
 
-# what this module checks does not differ between torch releases (.ci/run: newest only)
+# what this module checks does not differ between torch releases (.ci/run: one axis only)
 pytestmark = pytest.mark.ci_once
 
 
@@ -30,6 +30,30 @@ def test_ci_scope_leaves_compile_heavy_out_and_ci_once_below_the_newest_release(
     assert run_cell.selection("full", newest=False) == []
     assert run_cell.selection("full", newest=True) == []
     assert run_cell.selection("full", newest=False, oldest=True) == []
+
+
+def test_ci_once_tests_run_on_the_axis_marked_for_them(tools) -> None:
+    """The ci_once tests run where the axis says so (DT_CI_ONCE), whether it is the newest
+    or not; the window_ends ones still follow the window's ends. hatch.toml marks exactly
+    one axis of the test matrix, so CI runs them once."""
+    import tomllib
+
+    run_cell, _ = tools
+    assert run_cell.selection("ci", newest=False, once=True) == [
+        "-m",
+        "not compile_heavy and not window_ends",
+    ]
+    assert run_cell.selection("ci", newest=True, once=False) == [
+        "-m",
+        "not compile_heavy and not ci_once",
+    ]
+    hatch = tomllib.loads((Path(__file__).parent.parent / "hatch.toml").read_text())
+    env_vars = hatch["envs"]["test"]["overrides"]["matrix"]["torch"]["env-vars"]
+    marks = [v for v in env_vars if v["key"] == "DT_CI_ONCE"]
+    axes = hatch["envs"]["test"]["matrix"][0]["torch"]
+    once = [axis for v in marks if v["value"] == "1" for axis in v["if"]]
+    others = [axis for v in marks if v["value"] == "0" for axis in v["if"]]
+    assert len(once) == 1 and sorted(once + others) == sorted(axes), marks
 
 
 def test_ci_scope_leaves_window_ends_out_between_the_oldest_and_newest_release(tools) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-# what this module checks does not differ between torch releases (.ci/run: newest only)
+# what this module checks does not differ between torch releases (.ci/run: one axis only)
 pytestmark = pytest.mark.ci_once
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import release_check as rc  # noqa: E402
 
-# what this module checks does not differ between torch releases (.ci/run: newest only)
+# what this module checks does not differ between torch releases (.ci/run: one axis only)
 pytestmark = pytest.mark.ci_once
 
 PLUGIN_PYPROJECT = """\

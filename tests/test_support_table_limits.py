@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-# what this module checks does not differ between torch releases (.ci/run: newest only)
+# what this module checks does not differ between torch releases (.ci/run: one axis only)
 pytestmark = pytest.mark.ci_once
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"

@@ -3,9 +3,10 @@
 Every cell runs every test, except when `DT_TEST_SCOPE=ci` (what `.ci/run` sets, to fit
 its 90 minutes on 2 cores): then every cell deselects the tests marked `compile_heavy`
 (their cost is Inductor compiling what another test checks exactly); the cells of every
-torch axis but the window's newest (hatch.toml marks it with `DT_TORCH_NEWEST=1`) also
-those marked `ci_once` (what they check does not differ between releases, or they are
-the larger twin of a case every release runs); and the cells of the axes between the
+torch axis but one (hatch.toml marks it with `DT_CI_ONCE=1`: 2.13, the CPU build, whose
+torch a fresh interpreter imports fastest) also those marked `ci_once` (what they check
+does not differ between releases, or they are the larger twin of a case every release
+runs); and the cells of the axes between the
 window's oldest (`DT_TORCH_OLDEST=1`) and newest also those marked `window_ends` (the
 project's own machinery seen through fresh interpreters: autoload, the CLI, the docs'
 examples, the harness; what torch changes under them shows at the window's ends). So
@@ -25,23 +26,27 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "build" / "test-results"
 
 FORGE_ONLY = ("compile_heavy",)
-NEWEST_ONLY = ("ci_once",)
+ONCE_ONLY = ("ci_once",)
 ENDS_ONLY = ("window_ends",)
 
 
-def left_out(scope: str, newest: bool, oldest: bool = False) -> tuple[str, ...]:
+def left_out(
+    scope: str, newest: bool, oldest: bool = False, once: bool | None = None
+) -> tuple[str, ...]:
     """The markers whose tests a cell leaves out for `scope` ("ci" or "full") on an axis
-    that is the window's `newest`, its `oldest`, or neither (an axis between them)."""
+    that is the window's `newest`, its `oldest`, or neither (an axis between them), and
+    that runs the `ci_once` tests or not (`once`; by default the newest does)."""
     if scope != "ci":
         return ()
-    if newest:
-        return FORGE_ONLY
-    return FORGE_ONLY + NEWEST_ONLY + (() if oldest else ENDS_ONLY)
+    once = newest if once is None else once
+    return FORGE_ONLY + (() if once else ONCE_ONLY) + (() if newest or oldest else ENDS_ONLY)
 
 
-def selection(scope: str, newest: bool, oldest: bool = False) -> list[str]:
+def selection(
+    scope: str, newest: bool, oldest: bool = False, once: bool | None = None
+) -> list[str]:
     """pytest arguments that leave those tests out."""
-    markers = left_out(scope, newest, oldest)
+    markers = left_out(scope, newest, oldest, once)
     return ["-m", " and ".join(f"not {marker}" for marker in markers)] if markers else []
 
 
@@ -80,8 +85,9 @@ def main(argv: list[str]) -> int:
         return 2
     newest = os.environ.get("DT_TORCH_NEWEST", "1") == "1"
     oldest = os.environ.get("DT_TORCH_OLDEST", "0") == "1"
-    narrowed = selection(scope, newest, oldest)
-    deselected = ", ".join(left_out(scope, newest, oldest))
+    once = os.environ.get("DT_CI_ONCE", "1") == "1"
+    narrowed = selection(scope, newest, oldest, once)
+    deselected = ", ".join(left_out(scope, newest, oldest, once))
     if narrowed:
         print(f"run_cell: CI scope: {deselected} tests deselected", flush=True)
     paths = [a for a in argv if not a.startswith("-") and Path(a).exists()]

@@ -7,7 +7,7 @@ Reads what each cell of `hatch run test:run` wrote (`tools/run_cell.py`:
 `build/test-results/torch-<release>/<cell>.xml`, JUnit, and a note of the scope it ran
 in) and renders one row per cell, one column per torch release: how many tests passed,
 failed, errored, were expected failures, and which marked tests CI's scope left out
-(`compile_heavy` on every release, `ci_once` below the newest, `window_ends` between the
+(`compile_heavy` on every release, `ci_once` on all but one, `window_ends` between the
 oldest and the newest). Below it, each release's
 limits as the run found them: the reasons of its expected failures (torch bugs a strict
 xfail names) and what tests recorded as `torch_limit` (a feature that raises a clear

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from dt_core.testing import RankFailure, cpu_mesh, run_on_ranks
 from dt_core.testing.scripts import run_python
 
-# what this module checks does not differ between torch releases (.ci/run: newest only)
+# what this module checks does not differ between torch releases (.ci/run: one axis only)
 pytestmark = pytest.mark.ci_once
 
 

@@ -40,14 +40,14 @@ def test_mesh_params_keep_the_first_shapes_on_every_release() -> None:
     assert [bool(p.marks) for p in mesh_params([(2,), (4,)], every_release=1)] == [False, True]
 
 
-def test_ci_below_the_newest_torch_draws_half_the_budget(monkeypatch) -> None:
+def test_ci_draws_half_the_budget_where_the_ci_once_tests_do_not_run(monkeypatch) -> None:
     monkeypatch.delenv("DT_SWEEP_SCALE", raising=False)
     monkeypatch.setenv("DT_TEST_SCOPE", "ci")
-    monkeypatch.setenv("DT_TORCH_NEWEST", "0")
+    monkeypatch.setenv("DT_CI_ONCE", "0")
     assert sweep_examples(30) == 15 and sweep_examples(1) == 1
     assert sweep_settings(12).max_examples == 6
-    monkeypatch.setenv("DT_TORCH_NEWEST", "1")
+    monkeypatch.setenv("DT_CI_ONCE", "1")
     assert sweep_examples(30) == 30
     monkeypatch.setenv("DT_TEST_SCOPE", "full")
-    monkeypatch.setenv("DT_TORCH_NEWEST", "0")
+    monkeypatch.setenv("DT_CI_ONCE", "0")
     assert sweep_examples(30) == 30

@@ -32,7 +32,7 @@ from dt_core.kit import FallbackWarning
 from dt_core.testing.sweeps import sweep_examples, sweep_scale
 
 # A larger twin of test_sweep_local.py's 2-8 ranks, which every release runs: CI runs
-# this one on the newest release (tools/run_cell.py).
+# this one on one release (tools/run_cell.py).
 pytestmark = pytest.mark.ci_once
 
 BUDGET = 3  # random examples in CI (times DT_SWEEP_SCALE)

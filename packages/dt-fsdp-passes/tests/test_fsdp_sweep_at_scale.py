@@ -48,7 +48,7 @@ from dt_core.testing.sweeps import sweep_settings
 from torch import nn
 
 # The simulated-rank twin of test_simple_fsdp_local_tensor.py's 2-4 ranks, which every
-# release runs: CI runs this one on the newest release (tools/run_cell.py).
+# release runs: CI runs this one on one release (tools/run_cell.py).
 pytestmark = pytest.mark.ci_once
 
 BUDGET = 6  # random examples in CI (times DT_SWEEP_SCALE)

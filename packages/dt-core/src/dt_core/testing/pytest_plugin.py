@@ -34,7 +34,7 @@ _ONCE_HELP = (
     "packaging, the demo's machinery) or is a larger twin of a case every release runs (a "
     "test on more than 2 rank processes, which simulated-rank sweeps cover on every "
     "release; it gets this marker by itself; a composed stack whose parts are checked "
-    "alone); a CI running several torch releases may run it on the newest only"
+    "alone); a CI running several torch releases may run it on one of them only"
 )
 _ENDS_HELP = (
     "window_ends: the test checks the project's own machinery through fresh interpreters "

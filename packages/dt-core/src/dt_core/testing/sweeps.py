@@ -7,8 +7,8 @@
 derandomized, fixed seed in CI's scope (`DT_TEST_SCOPE=ci`), so a CI run draws the same
 cases every time and a failure there reproduces on any machine. Outside CI the seed is
 hypothesis's own, so repeated local runs explore further. In CI's scope on a torch axis
-below the window's newest (`DT_TORCH_NEWEST=0`, hatch.toml's test matrix) a sweep draws
-half its budget: the first half of the newest axis's fixed sequence.
+that leaves the `ci_once` tests to another (`DT_CI_ONCE=0`, hatch.toml's test matrix) a
+sweep draws half its budget: the first half of that axis's fixed sequence.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ def sweep_scale() -> int:
 
 def sweep_examples(budget: int) -> int:
     """`budget` examples (what CI draws) times `DT_SWEEP_SCALE`; half of them in CI's
-    scope below the window's newest torch (see the module)."""
-    below_newest = os.environ.get("DT_TORCH_NEWEST") == "0"
-    if os.environ.get("DT_TEST_SCOPE") == "ci" and below_newest:
+    scope on an axis that leaves the `ci_once` tests to another (see the module)."""
+    not_once = os.environ.get("DT_CI_ONCE") == "0"
+    if os.environ.get("DT_TEST_SCOPE") == "ci" and not_once:
         budget = max(1, budget // 2)
     return budget * sweep_scale()
 
@@ -60,7 +60,7 @@ def sweep_settings(budget: int, **overrides: Any) -> Any:
 def mesh_params(meshes: list[tuple[int, ...]], every_release: int = 3) -> list[Any]:
     """pytest params for a sweep per mesh shape, with ids like "2x3": the first
     `every_release` shapes run on every torch release; the others, larger twins of those,
-    are marked `ci_once` (a CI running several releases sweeps them on the newest only)."""
+    are marked `ci_once` (a CI running several releases sweeps them on one only)."""
     import pytest
 
     return [
