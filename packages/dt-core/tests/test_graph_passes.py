@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 from dt_core import GraphPass
@@ -49,13 +50,16 @@ def test_uuid_changes_with_rank(dist_world) -> None:
     assert _rank_uuid() not in uuids  # and without a process group it differs again
 
 
+# `SALT`: a constant no earlier run compiled, so the first compile misses Inductor's cache
+# while the cache directory stays the one every compile of the test run shares (with a
+# directory of its own the test took 24 s alone instead of 16 s: torch 2.13, 2 cores).
 FX_CACHE_SCRIPT = """
 import torch
 from dt_core.testing.compiled import counting_compiles
 from dt_sample_plugin import plugin
 
 def step(x):
-    return (x.sin() * 2).cos() + 1
+    return (x.sin() * SALT).cos() + 1
 
 def compile_once():
     torch._dynamo.reset()
@@ -71,12 +75,11 @@ print("CHANGED", compile_once(), len(plugin.pass_calls))
 """
 
 
-def test_fx_graph_cache_hits_on_unchanged_compile_and_misses_on_new_settings(
-    tmp_path: Path,
-) -> None:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+def test_fx_graph_cache_hits_on_unchanged_compile_and_misses_on_new_settings() -> None:
+    env = dict(os.environ)
     env.pop("DT_PLUGINS_DISABLE", None)
-    out = run_python(FX_CACHE_SCRIPT, env=env)
+    salt = 2 + uuid.uuid4().int % 10**6 / 10**9
+    out = run_python(FX_CACHE_SCRIPT.replace("SALT", repr(salt)), env=env)
     lines = {line.split(" ", 1)[0]: line for line in out.splitlines()}
     first, second, changed = lines["FIRST"], lines["SECOND"], lines["CHANGED"]
     assert "'fxgraph_cache_miss': 1" in first and "'fxgraph_cache_bypass': 0" in first
