@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from importlib import metadata
@@ -100,7 +101,11 @@ def torch_constraints() -> Path:
         return CONSTRAINTS
     pinned = ROOT / "build" / f"constraints-installed-torch-{version}.txt"
     pinned.parent.mkdir(parents=True, exist_ok=True)
-    pinned.write_text(f"torch=={version}\n")
+    # written whole, then renamed: two environments of one torch (.ci/run's type check and
+    # docs build run side by side) never read a half-written file
+    partial = pinned.with_name(f"{pinned.name}.{os.getpid()}")
+    partial.write_text(f"torch=={version}\n")
+    os.replace(partial, pinned)
     return pinned
 
 
