@@ -7,7 +7,9 @@ process: the output, the input's gradient, every parameter's gradient, every buf
 (BatchNorm's running statistics) and the parameters after the step. The forward's
 collectives are counted: only halos (all-to-all) and normalization statistics
 (all-gather) may run, no plugin may fall back to replicated inputs, and a dense model's
-output keeps the input's spatial shard. One test composes the spatial shards with torch's
+output keeps the input's spatial shard. Every model also trains compiled
+(`torch.compile(fullgraph=True)`): through `aot_eager`, and with Inductor's generated code
+(`compile_heavy`: the forge workflow's). One test composes the spatial shards with torch's
 FSDP2 (`fully_shard` over a second mesh dim) and saves and loads the trained model with
 torch.distributed.checkpoint.
 
