@@ -189,6 +189,8 @@ def test_world_kept_after_assertion(dist_world):
 def test_rank1_stuck():
     if dist.get_rank() == 1:
         time.sleep(600)
+    else:  # blocked in a collective rank 1 never joins
+        dist.all_reduce(torch.ones(2))
 
 
 def _check_fresh_working_world(dist_world):
@@ -251,10 +253,14 @@ def test_failures_are_reported_and_bounded(pytester):
     assert "rank 0:" not in asserts
 
     stuck = sections["test_rank1_stuck"]
+    assert "rank 0: stuck, no answer within 5 s" in stuck
     assert "rank 1: stuck, no answer within 5 s" in stuck
-    assert "rank 0:" not in stuck
-    # where the stuck rank was: its stack, down to the test body's line
-    assert re.search(r'test_failing\.py", line \d+ in test_rank1_stuck', stuck)
+    # where the stuck ranks were: their stacks, down to the test body's line
+    assert len(re.findall(r'test_failing\.py", line \d+ in test_rank1_stuck', stuck)) == 2
+    # and how far each got: rank 0 issued the all-reduce, rank 1 nothing
+    issued = re.findall(r"operations issued in this task, per process group: '0': (\d+)", stuck)
+    assert issued == ["1", "0"], stuck
+    assert "the stuck ranks have issued different numbers of operations on ['0']" in stuck
 
     # a collective issued on rank 0 only: the world is replaced (the next test then gets
     # fresh ranks), with a warning naming each rank's count

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -13,6 +13,14 @@ class RankError:
     type_name: str
     message: str
     traceback: str
+
+
+class StepCounts(NamedTuple):
+    """Operations a rank had issued per process group (by name) when its task began, and
+    when it was found stuck."""
+
+    start: dict[str, int]
+    now: dict[str, int]
 
 
 class RankFailure(Exception):
@@ -29,6 +37,7 @@ class RankFailure(Exception):
         stuck: list[int],
         stuck_reason: str,
         stacks: dict[int, str] | None = None,
+        step_counts: dict[int, StepCounts] | None = None,
     ) -> None:
         self.world_size = world_size
         self.errors = errors
@@ -36,6 +45,7 @@ class RankFailure(Exception):
         self.stuck = stuck
         self.stuck_reason = stuck_reason
         self.stacks = stacks or {}
+        self.step_counts = step_counts or {}
         lines = []
         for rank in sorted(errors):
             err = errors[rank]
@@ -46,15 +56,19 @@ class RankFailure(Exception):
         lines += [f"rank {rank}: {how}" for rank, how in sorted(dead.items())]
         for rank in stuck:
             lines.append(f"rank {rank}: stuck, {stuck_reason}")
+            if rank in self.step_counts:
+                lines.append(_indent(_issued_in_task(self.step_counts[rank])))
             if self.stacks.get(rank):
                 lines.append(_indent(f"where it was (its Python threads):\n{self.stacks[rank]}"))
+        if len(self.step_counts) > 1:
+            lines.append(_indent(_compare_stuck(self.step_counts)))
         failed = len(errors) + len(dead) + len(stuck)
         lines.append(f"({failed} of {world_size} ranks failed)")
         super().__init__("\n".join(lines))
 
     def __reduce__(self) -> tuple[Any, ...]:
         fields = (self.world_size, self.errors, self.dead, self.stuck, self.stuck_reason)
-        return type(self), (*fields, self.stacks)
+        return type(self), (*fields, self.stacks, self.step_counts)
 
 
 class WorldReplacedWarning(UserWarning):
@@ -88,6 +102,29 @@ def out_of_step_report(counts: dict[int, dict[str, int]]) -> str:
         "ranks only would hang that task)"
     )
     return "\n".join([head, *lines, tail])
+
+
+def _issued_in_task(counts: StepCounts) -> str:
+    """One line: the operations this rank issued on each group during the task so far."""
+    parts = [
+        f"{name!r}: {now - counts.start.get(name, 0)} (total {now})"
+        for name, now in sorted(counts.now.items())
+    ]
+    return "operations issued in this task, per process group: " + (", ".join(parts) or "none")
+
+
+def _compare_stuck(step_counts: dict[int, StepCounts]) -> str:
+    """Whether the stuck ranks are at the same operation of each group they share: if so,
+    they wait in matching operations (a transport stall, or the same op everywhere); if
+    not, one rank issued an operation the others have not (or never will)."""
+    by_group: dict[str, dict[int, int]] = {}
+    for rank, counts in step_counts.items():
+        for name, now in counts.now.items():
+            by_group.setdefault(name, {})[rank] = now
+    apart = sorted(name for name, per_rank in by_group.items() if len(set(per_rank.values())) > 1)
+    if apart:
+        return f"the stuck ranks have issued different numbers of operations on {apart}"
+    return "the stuck ranks have issued the same number of operations on every group they share"
 
 
 def _indent(text: str) -> str:

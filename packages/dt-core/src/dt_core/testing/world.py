@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -33,10 +34,11 @@ from dt_core.testing import pickling
 from dt_core.testing.rank_failure import (
     RankError,
     RankFailure,
+    StepCounts,
     WorldReplacedWarning,
     out_of_step_report,
 )
-from dt_core.testing.world_rank import HOST, rank_main
+from dt_core.testing.world_rank import HOST, counts_request, rank_main
 
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnProcess
@@ -48,7 +50,8 @@ DEFAULT_TIMEOUT_S = 120.0
 # After one rank fails, its peers are usually blocked in a collective waiting for it: give
 # them this long to answer (or fail too) before calling them stuck.
 ERROR_GRACE_S = 5.0
-# A stuck rank is asked for its Python stacks (SIGUSR1) and given this long to write them.
+# A stuck rank is asked for its Python stacks (SIGUSR1) and its operation counts, and given
+# this long to write them (the counts up to twice this).
 STACK_DUMP_WAIT_S = 1.0
 
 
@@ -97,24 +100,35 @@ class World:
     def _stack_file(self, rank: int) -> str:
         return os.path.join(self._stack_dir.name, f"rank-{rank}.txt")
 
-    def _stacks_of(self, ranks: list[int]) -> dict[int, str]:
-        """Ask each of `ranks` (alive but not answering) to write its Python stacks; read them."""
+    def _ask_stuck(self, ranks: list[int]) -> tuple[dict[int, str], dict[int, StepCounts]]:
+        """Ask each of `ranks` (alive but not answering) where it is: its Python stacks,
+        and the operations it issued per group since its task began (`world_rank`)."""
         asked = []
         for rank in ranks:
             pid = self._procs[rank].pid
             if pid is not None and self._procs[rank].is_alive():
+                ask, _ = counts_request(self._stack_file(rank))
                 with contextlib.suppress(OSError):
+                    open(ask, "w").close()  # noqa: SIM115 - an empty file is the request
                     os.kill(pid, signal.SIGUSR1)
                     asked.append(rank)
         if not asked:
-            return {}
+            return {}, {}
         time.sleep(STACK_DUMP_WAIT_S)
-        stacks = {}
+        stacks, counts = {}, {}
+        deadline = time.monotonic() + STACK_DUMP_WAIT_S
         for rank in asked:
             with contextlib.suppress(OSError):
                 text = open(self._stack_file(rank), encoding="utf-8", errors="replace").read()
                 stacks[rank] = text.strip()
-        return stacks
+            _, answer = counts_request(self._stack_file(rank))
+            while not os.path.exists(answer) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with contextlib.suppress(OSError, ValueError):
+                with open(answer, encoding="utf-8") as f:
+                    data = json.load(f)
+                counts[rank] = StepCounts(data["start"], data["now"])
+        return stacks, counts
 
     @property
     def pids(self) -> list[int]:
@@ -186,13 +200,15 @@ class World:
                 deadline = time.monotonic() + ERROR_GRACE_S
                 stuck_reason = f"no answer within {ERROR_GRACE_S:g} s after another rank failed"
         stuck = sorted(pending)
-        stacks = self._stacks_of(stuck) if stuck else {}
+        stacks, stuck_counts = self._ask_stuck(stuck) if stuck else ({}, {})
         out_of_step = "" if stuck or dead else out_of_step_report(counts)
         broken = stuck or dead or out_of_step or not group_intact
         if broken or not all(p.is_alive() for p in self._procs):
             self.close(grace=0)
         if errors or dead or stuck:
-            raise RankFailure(self.world_size, errors, dead, stuck, stuck_reason, stacks)
+            raise RankFailure(
+                self.world_size, errors, dead, stuck, stuck_reason, stacks, stuck_counts
+            )
         if out_of_step:
             warnings.warn(out_of_step, WorldReplacedWarning, stacklevel=3)
         return results

@@ -1,10 +1,17 @@
 """The rank side of a World: join the gloo group, then run the parent's tasks until its
-pipe closes, replying with each result or error, and the operations issued per group."""
+pipe closes, replying with each result or error, and the operations issued per group.
+
+A rank the parent finds stuck is asked where it is twice: its Python stacks (SIGUSR1,
+written by faulthandler) and, through a request file its watch thread looks for, the
+operations it has issued per group since its task began. Both are read while its main
+thread is blocked, in a collective say, which no Python signal handler would interrupt.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
+import json
 import os
 import signal
 import sys
@@ -21,6 +28,16 @@ from dt_core.testing import pickling
 from dt_core.testing.rank_failure import RankError
 
 HOST = "127.0.0.1"
+# How often the watch thread checks on the parent and for a request for operation counts.
+WATCH_INTERVAL_S = 0.25
+
+# Operations issued per group when the current task began (`counts_request`).
+_task_start_counts: dict[str, int] = {}
+
+
+def counts_request(stack_file: str) -> tuple[str, str]:
+    """(file whose existence asks a rank for its operation counts, file it answers in)."""
+    return stack_file + ".ask", stack_file + ".counts"
 
 
 def rank_main(
@@ -37,7 +54,7 @@ def rank_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     # The parent asks a stuck rank where it is (SIGUSR1); the file stays open for the process.
     faulthandler.register(signal.SIGUSR1, file=open(stack_file, "w"), all_threads=True)  # noqa: SIM115
-    _exit_with_parent()
+    _watch(stack_file)
     try:
         import torch
         import torch.distributed as dist
@@ -59,6 +76,8 @@ def rank_main(
             data = conn.recv_bytes()
         except (EOFError, OSError):  # parent closed the world or is gone
             _exit(0)
+        _task_start_counts.clear()
+        _task_start_counts.update(collective_counts())
         try:
             sys_path, fn, args, kwargs = cloudpickle.loads(data)
             sys.path[:] = sys_path
@@ -108,16 +127,34 @@ def _reply(
         _exit(1)
 
 
-def _exit_with_parent() -> None:
-    """Exit when the parent dies: a rank blocked in a collective never sees EOF on its pipe."""
+def _watch(stack_file: str) -> None:
+    """Exit when the parent dies (a rank blocked in a collective never sees EOF on its
+    pipe), and answer its requests for operation counts."""
     parent = os.getppid()
+    ask, answer = counts_request(stack_file)
 
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(1.0)
+            if os.path.exists(ask):
+                _write_counts(answer)
+                with contextlib.suppress(OSError):
+                    os.remove(ask)
+            time.sleep(WATCH_INTERVAL_S)
         _exit(1)
 
     threading.Thread(target=watch, name="dt-orphan-watch", daemon=True).start()
+
+
+def _write_counts(path: str) -> None:
+    """The operations issued per group when the task began and now, as JSON (written
+    whole, then renamed, so the parent never reads half of it)."""
+    with contextlib.suppress(Exception):  # a diagnostic: never the reason a rank fails
+        from dt_core.compat.process_groups import collective_counts
+
+        data = {"start": dict(_task_start_counts), "now": collective_counts()}
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(path + ".tmp", path)
 
 
 def _flush() -> None:
