@@ -1,5 +1,7 @@
-"""Process groups by registered name (custom ops take a group's name, not the group), and
-whether a group is torch's fake backend (one process standing in for a world: no peers).
+"""Process groups by registered name (custom ops take a group's name, not the group),
+whether a group is torch's fake backend (one process standing in for a world: no peers),
+and what a process has issued on its groups (counts, and the flight recorder's last
+operations), which the test harness reports when ranks hang.
 
 Checked against torch 2.11.x to 2.15.x (`CHECKED_WITH_TORCH`).
 """
@@ -71,3 +73,37 @@ def collective_counts() -> dict[str, int]:
         except (RuntimeError, AttributeError):  # a backend that keeps no count
             continue
     return counts
+
+
+# What torch's flight recorder keeps: it records an operation when issued, and only in
+# processes whose environment set this before their process groups were created.
+FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"
+
+
+def recent_operations(limit: int) -> list[dict[str, Any]]:
+    """The last `limit` operations this process issued on any process group, oldest first,
+    as torch's flight recorder kept them (none unless `FLIGHT_RECORDER_ENV` was set): the
+    group's name, the operation, its sequence number on the group and its input sizes.
+    Readable from another thread while the process waits in a collective, which is when
+    it is wanted. Without the stacks the recorder also keeps: symbolizing them took
+    longer than a stuck rank is given to answer."""
+    ensure_supported_torch(CHECKED_WITH_TORCH)
+    import pickle
+
+    from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
+
+    raw = _dump_fr_trace(includeStackTraces=False)
+    entries = pickle.loads(raw).get("entries", [])  # noqa: S301 - torch's own bytes
+    operations = []
+    for entry in entries[-limit:] if limit > 0 else []:
+        p2p = bool(entry.get("is_p2p"))
+        operations.append(
+            {
+                "group": str(entry["process_group"][0]),
+                "op": str(entry["profiling_name"]),
+                "seq": int(entry["p2p_seq_id" if p2p else "collective_seq_id"]),
+                "p2p": p2p,
+                "sizes": entry.get("input_sizes"),
+            }
+        )
+    return operations

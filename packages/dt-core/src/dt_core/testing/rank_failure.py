@@ -17,10 +17,11 @@ class RankError:
 
 class StepCounts(NamedTuple):
     """Operations a rank had issued per process group (by name) when its task began, and
-    when it was found stuck."""
+    when it was found stuck; and the last few it issued (`recent_operations`)."""
 
     start: dict[str, int]
     now: dict[str, int]
+    recent: list[dict[str, Any]]
 
 
 class RankFailure(Exception):
@@ -58,6 +59,8 @@ class RankFailure(Exception):
             lines.append(f"rank {rank}: stuck, {stuck_reason}")
             if rank in self.step_counts:
                 lines.append(_indent(_issued_in_task(self.step_counts[rank])))
+                if self.step_counts[rank].recent:
+                    lines.append(_indent(_recent(self.step_counts[rank].recent)))
             if self.stacks.get(rank):
                 lines.append(_indent(f"where it was (its Python threads):\n{self.stacks[rank]}"))
         if len(self.step_counts) > 1:
@@ -111,6 +114,15 @@ def _issued_in_task(counts: StepCounts) -> str:
         for name, now in sorted(counts.now.items())
     ]
     return "operations issued in this task, per process group: " + (", ".join(parts) or "none")
+
+
+def _recent(operations: list[dict[str, Any]]) -> str:
+    """The last operations a rank issued, oldest first, one a line."""
+    lines = ["its last operations (torch's flight recorder), the newest last:"]
+    for op in operations:
+        kind = "point-to-point #" if op.get("p2p") else "#"
+        lines.append(f"  {kind}{op['seq']} on group {op['group']!r}: {op['op']} {op['sizes']}")
+    return "\n".join(lines)
 
 
 def _compare_stuck(step_counts: dict[int, StepCounts]) -> str:

@@ -127,7 +127,7 @@ class World:
             with contextlib.suppress(OSError, ValueError):
                 with open(answer, encoding="utf-8") as f:
                     data = json.load(f)
-                counts[rank] = StepCounts(data["start"], data["now"])
+                counts[rank] = StepCounts(data["start"], data["now"], data.get("recent", []))
         return stacks, counts
 
     @property

@@ -3,8 +3,10 @@ pipe closes, replying with each result or error, and the operations issued per g
 
 A rank the parent finds stuck is asked where it is twice: its Python stacks (SIGUSR1,
 written by faulthandler) and, through a request file its watch thread looks for, the
-operations it has issued per group since its task began. Both are read while its main
-thread is blocked, in a collective say, which no Python signal handler would interrupt.
+operations it has issued per group since its task began and the last few of them (torch's
+flight recorder, which ranks keep on: each names its group, sequence number and sizes).
+Both are read while its main thread is blocked, in a collective say, which no Python
+signal handler would interrupt.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ HOST = "127.0.0.1"
 # How often the watch thread checks on the parent and for a request for operation counts.
 WATCH_INTERVAL_S = 0.25
 
+# How many operations torch's flight recorder keeps, and how many a stuck report shows.
+FLIGHT_RECORDER_ENTRIES = "32"
+RECENT_SHOWN = 6
+
 # Operations issued per group when the current task began (`counts_request`).
 _task_start_counts: dict[str, int] = {}
 
@@ -56,6 +62,9 @@ def rank_main(
     faulthandler.register(signal.SIGUSR1, file=open(stack_file, "w"), all_threads=True)  # noqa: SIM115
     _watch(stack_file)
     try:
+        from dt_core.compat.process_groups import FLIGHT_RECORDER_ENV
+
+        os.environ.setdefault(FLIGHT_RECORDER_ENV, FLIGHT_RECORDER_ENTRIES)  # before any group
         import torch
         import torch.distributed as dist
 
@@ -146,12 +155,16 @@ def _watch(stack_file: str) -> None:
 
 
 def _write_counts(path: str) -> None:
-    """The operations issued per group when the task began and now, as JSON (written
-    whole, then renamed, so the parent never reads half of it)."""
+    """The operations issued per group when the task began and now, and the last few, as
+    JSON (written whole, then renamed, so the parent never reads half of it)."""
     with contextlib.suppress(Exception):  # a diagnostic: never the reason a rank fails
-        from dt_core.compat.process_groups import collective_counts
+        from dt_core.compat.process_groups import collective_counts, recent_operations
 
-        data = {"start": dict(_task_start_counts), "now": collective_counts()}
+        data = {
+            "start": dict(_task_start_counts),
+            "now": collective_counts(),
+            "recent": recent_operations(RECENT_SHOWN),
+        }
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(data, f)
         os.replace(path + ".tmp", path)
