@@ -18,12 +18,18 @@ Importing any of them imports no torch; their functions do when called.
 
 from dt_core.testing.local_ranks import per_rank, rank_values, simulated_ranks
 from dt_core.testing.mesh import cpu_mesh
-from dt_core.testing.rank_failure import RankError, RankFailure, WorldReplacedWarning
+from dt_core.testing.rank_failure import (
+    RankError,
+    RankFailure,
+    StepCounts,
+    WorldReplacedWarning,
+)
 from dt_core.testing.world import World, get_world, run_on_ranks, shutdown_worlds
 
 __all__ = [
     "RankError",
     "RankFailure",
+    "StepCounts",
     "World",
     "WorldReplacedWarning",
     "cpu_mesh",
