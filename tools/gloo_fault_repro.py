@@ -9,13 +9,16 @@ with compute between start and wait (the halo exchange, some with no rows one wa
 functional all-reduce (the weight gradient) and functional all-gathers (`full_tensor`).
 Every rank issues the same operations in the same order, so a matched run never stops.
 
-On 2026-11-29, on 2 busy cores, ranks died with SIGSEGV after 5,000 to 67,000 iterations
-in 4 of 5 runs (torch 2.13.0 and 2.14.1), in a functional all-gather or a blocking
-scatter; functional all-gathers alone ran 200,000 iterations without a fault, and keeping
-every input alive until its wait did not prevent one. A fault like it inside the gloo
-backend is the likeliest reading of the rare CI hang whose two ranks were stopped where no
-matched sequence of operations can put them (docs/ci.md). Each rank arms faulthandler
-(fatal signals, and a 60 s watchdog), writing to build/gloo-fault-rank<r>.txt.
+On 2026-11-29, on 2 cores, a rank died with SIGSEGV after 5,000 to 67,000 iterations in
+4 of 7 runs of this loop (torch 2.13.0 and 2.14.1), in a functional all-gather or a
+blocking scatter, each while another loop or a test run shared the cores; this script
+with one loop of blocking operations beside it ran 80,000 iterations without one.
+Functional all-gathers alone ran 200,000 iterations without a fault; keeping every input
+alive until its wait did not prevent one. Run two at once (other ports) to load the
+cores. A fault like it inside the gloo backend is the likeliest reading of the rare CI
+hang whose two ranks were stopped where no matched sequence of operations can put them
+(docs/ci.md). Each rank arms faulthandler (fatal signals, and a 60 s watchdog), writing
+to build/gloo-fault-<port>-rank<r>.txt.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ def _rank(rank: int, port: int, iterations: int) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    report = open(OUT / f"gloo-fault-rank{rank}.txt", "w")  # noqa: SIM115 - kept for faulthandler
+    report = open(OUT / f"gloo-fault-{port}-rank{rank}.txt", "w")  # noqa: SIM115 - kept for faulthandler
     faulthandler.enable(file=report, all_threads=True)
     fc = torch.ops._c10d_functional
     name = dist.group.WORLD.group_name
@@ -80,7 +83,7 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - a rank's crash is the finding
         print(f"a rank failed: {exc}", file=sys.stderr)
         for rank in range(2):
-            path = OUT / f"gloo-fault-rank{rank}.txt"
+            path = OUT / f"gloo-fault-{args.port}-rank{rank}.txt"
             if path.exists() and path.stat().st_size:
                 print(f"--- rank {rank} ({path}):\n{path.read_text()}", file=sys.stderr)
         return 1
