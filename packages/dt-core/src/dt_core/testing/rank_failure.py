@@ -87,15 +87,10 @@ def out_of_step_report(counts: dict[int, dict[str, int]]) -> str:
     another call's data. Point-to-point operations count too, and a matched pattern may
     issue different numbers per rank (a ring that skips empty blocks), so a difference is
     a reason to replace the world, not proof of a fault."""
-    by_group: dict[str, dict[int, int]] = {}
-    for rank, groups in counts.items():
-        for name, count in groups.items():
-            by_group.setdefault(name, {})[rank] = count
     lines = []
-    for name, per_rank in sorted(by_group.items()):
-        if len(set(per_rank.values())) > 1:
-            issued = ", ".join(f"rank {rank}: {n}" for rank, n in sorted(per_rank.items()))
-            lines.append(f"  process group {name!r}: {issued}")
+    for name, per_rank in _groups_apart(counts).items():
+        issued = ", ".join(f"rank {rank}: {n}" for rank, n in sorted(per_rank.items()))
+        lines.append(f"  process group {name!r}: {issued}")
     if not lines:
         return ""
     head = "the ranks issued different numbers of operations (collectives and sends):"
@@ -105,6 +100,20 @@ def out_of_step_report(counts: dict[int, dict[str, int]]) -> str:
         "ranks only would hang that task)"
     )
     return "\n".join([head, *lines, tail])
+
+
+def _groups_apart(counts: dict[int, dict[str, int]]) -> dict[str, dict[int, int]]:
+    """Group name -> {rank: operations issued}, for the groups (sorted by name) on which
+    the ranks' counts differ."""
+    by_group: dict[str, dict[int, int]] = {}
+    for rank, groups in counts.items():
+        for name, count in groups.items():
+            by_group.setdefault(name, {})[rank] = count
+    return {
+        name: per_rank
+        for name, per_rank in sorted(by_group.items())
+        if len(set(per_rank.values())) > 1
+    }
 
 
 def _issued_in_task(counts: StepCounts) -> str:
@@ -129,11 +138,7 @@ def _compare_stuck(step_counts: dict[int, StepCounts]) -> str:
     """Whether the stuck ranks are at the same operation of each group they share: if so,
     they wait in matching operations (a transport stall, or the same op everywhere); if
     not, one rank issued an operation the others have not (or never will)."""
-    by_group: dict[str, dict[int, int]] = {}
-    for rank, counts in step_counts.items():
-        for name, now in counts.now.items():
-            by_group.setdefault(name, {})[rank] = now
-    apart = sorted(name for name, per_rank in by_group.items() if len(set(per_rank.values())) > 1)
+    apart = list(_groups_apart({rank: counts.now for rank, counts in step_counts.items()}))
     if apart:
         return f"the stuck ranks have issued different numbers of operations on {apart}"
     return "the stuck ranks have issued the same number of operations on every group they share"

@@ -80,13 +80,12 @@ def rank_main(
     from dt_core.compat.process_groups import collective_counts
     from dt_core.remembered import forget
 
+    _task_start_counts.update(collective_counts())
     while True:
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):  # parent closed the world or is gone
             _exit(0)
-        _task_start_counts.clear()
-        _task_start_counts.update(collective_counts())
         try:
             sys_path, fn, args, kwargs = cloudpickle.loads(data)
             sys.path[:] = sys_path
@@ -96,7 +95,10 @@ def rank_main(
         _flush()  # the test's prints belong in this test's captured output, not a later one's
         forget()  # what plugins recorded in this task is not the next task's
         # A task that destroyed the default group leaves a rank later tasks can't use.
-        _reply(conn, status, value, dist.is_initialized(), collective_counts())
+        counts = collective_counts()
+        _reply(conn, status, value, dist.is_initialized(), counts)
+        _task_start_counts.clear()  # where the next task starts: nothing is issued between
+        _task_start_counts.update(counts)
 
 
 def _rank_error(exc: BaseException, *, in_task: bool = False) -> RankError:
